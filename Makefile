@@ -1,0 +1,35 @@
+# Every target CI uses is here; .ci/run calls `make setup test lint`.
+PY ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
+
+.PHONY: setup demo test lint synth bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q "torch==2.13.0" -e ".[dev,torch]"
+
+demo: setup
+	$(BIN)/trainguard demo
+
+test:
+	$(BIN)/python -m pytest
+
+lint:
+	$(BIN)/ruff check shared functions infra tests bench
+	$(BIN)/ruff format --check shared functions infra tests bench
+	$(BIN)/mypy
+
+synth:
+	$(BIN)/python infra/app.py
+
+bench:
+	$(BIN)/python bench/hook_overhead.py
+	$(BIN)/python bench/pipeline.py
+
+clean:
+	rm -rf $(VENV) cdk.out layers/build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,69 @@
+"""The versioned EventBridge contract: one event per rule status transition.
+
+``detail`` carries SageMaker's field names (``TrainingJobName``, ``RuleConfigurationName``,
+``RuleEvaluationStatus``, ``StatusDetails``, ``LastModifiedTime``) so Lambdas written for
+SageMaker Debugger keep working, and a ``DebugRuleEvaluationStatuses`` list of every rule
+of the job, the shape AWS's documented stop-on-IssuesFound automation reads. trainguard's
+own additions: ``Step``, ``Value``, ``Threshold``, ``Tensor``, ``Actions`` and ``EventId``
+(``<job>/<rule>/<seq>``, unique per transition: consumers deduplicate on it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EVENT_SOURCE = "trainguard"
+DETAIL_TYPE = "Rule Evaluation Status Change"
+SCHEMA = "trainguard.rule-status/1"
+
+Status = Literal["InProgress", "NoIssuesFound", "IssuesFound", "Error", "Stopping", "Stopped"]
+STATUSES: tuple[str, ...] = ("InProgress", "NoIssuesFound", "IssuesFound", "Error", "Stopping", "Stopped")
+FINAL_STATUSES = frozenset({"NoIssuesFound", "IssuesFound", "Error", "Stopped"})
+
+
+class RuleStatusEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    RuleConfigurationName: str
+    RuleEvaluationStatus: Status
+    StatusDetails: str = Field(default="", max_length=1024)
+    LastModifiedTime: float
+
+
+class RuleStatusDetail(BaseModel):
+    """``detail`` of a trainguard event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    Schema: Literal["trainguard.rule-status/1"] = SCHEMA
+    EventId: str
+    TrainingJobName: str
+    RuleConfigurationName: str
+    RuleName: str
+    RuleEvaluationStatus: Status
+    PreviousStatus: Status | None = None
+    StatusDetails: str = Field(default="", max_length=1024)
+    #: seconds since the epoch (float), as SageMaker's API returns it
+    LastModifiedTime: float
+    Step: int | None = None
+    Value: float | None = None
+    Threshold: float | None = None
+    Tensor: str | None = None
+    Actions: list[str] = Field(default_factory=list)
+    #: the job's SageMaker name when it runs there, and whether it opted in to StopTrainingJob
+    SageMakerTrainingJobName: str | None = None
+    AllowSageMakerStop: bool = False
+    TrainingJobStatus: Literal["InProgress", "Completed", "Stopped"] = "InProgress"
+    DebugRuleEvaluationStatuses: list[RuleStatusEntry] = Field(default_factory=list, max_length=50)
+
+
+def to_entry(detail: RuleStatusDetail) -> dict[str, object]:
+    """The PutEvents entry for a detail (without EventBusName, which the adapter sets)."""
+    return {
+        "Source": EVENT_SOURCE,
+        "DetailType": DETAIL_TYPE,
+        "Detail": detail.model_dump_json(),
+        "Resources": [],
+    }

@@ -1,0 +1,216 @@
+"""The versioned documents a job writes: step header, manifest, end marker, stop signal.
+
+Every model forbids unknown fields and bounds its sizes: these documents come from S3,
+where anything may be wrong or hostile. Non-finite floats (a NaN loss is exactly what
+ExplodingTensor looks for) are carried as the strings "NaN", "Infinity", "-Infinity".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from trainguard.format import stepfile
+from trainguard.format.layout import validate_job_name
+
+STEP_FORMAT = "trainguard.step/1"
+MANIFEST_FORMAT = "trainguard.manifest/1"
+END_FORMAT = "trainguard.end/1"
+STOP_FORMAT = "trainguard.stop/1"
+
+MAX_DOCUMENT_BYTES = 1024 * 1024  # manifests, end markers and stop signals are tiny
+MAX_UNITS = 65_536
+MAX_BINS = 256
+
+Mode = Literal["TRAIN", "EVAL", "PREDICT", "GLOBAL"]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=stepfile.MAX_NAME_CHARS)]
+JobName = Annotated[str, AfterValidator(validate_job_name)]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
+
+
+class Histogram(_Strict):
+    """Fixed-bin histogram: ``len(edges) == len(counts) + 1``."""
+
+    edges: list[float] = Field(max_length=MAX_BINS + 1)
+    counts: list[int] = Field(max_length=MAX_BINS)
+
+
+class TensorStats(_Strict):
+    """Reductions computed where the tensor lives. Optional fields are present when asked for."""
+
+    numel: int = Field(ge=0)
+    mean: float
+    std: float
+    min: float
+    max: float
+    mean_abs: float
+    l1: float
+    l2: float
+    zeros: int = Field(ge=0)
+    nan: int = Field(ge=0)
+    inf: int = Field(ge=0)
+    #: percentile (as a string, "5", "95"...) -> value
+    percentiles: dict[str, float] | None = Field(default=None, max_length=16)
+    histogram: Histogram | None = None
+    #: activations: per unit (last dim of a dense output, channel of a conv output), the
+    #: fraction of samples in which the unit is > 0 (DeadRelu)
+    unit_active: list[float] | None = Field(default=None, max_length=MAX_UNITS)
+    #: activation inputs: per unit, the fraction of samples inside ``band`` (SaturatedActivation)
+    unit_in_band: list[float] | None = Field(default=None, max_length=MAX_UNITS)
+    band: tuple[float, float] | None = None
+    #: samples in the batch the statistics came from (first dimension)
+    samples: int | None = Field(default=None, ge=0)
+
+
+class TensorRecord(_Strict):
+    collections: list[ShortText] = Field(max_length=32)
+    dtype: ShortText
+    shape: list[int] = Field(max_length=stepfile.MAX_NDIM)
+    stats: TensorStats | None = None
+    #: the full tensor is in the object's body under "<MODE>/<name>"
+    stored: bool = False
+
+
+class ScalarRecord(_Strict):
+    value: float
+    collections: list[ShortText] = Field(max_length=32)
+
+
+class ModeRecord(_Strict):
+    mode_step: int = Field(ge=0)
+    scalars: dict[Name, ScalarRecord] = Field(default_factory=dict, max_length=10_000)
+    tensors: dict[Name, TensorRecord] = Field(default_factory=dict, max_length=10_000)
+
+
+class StepHeader(_Strict):
+    """The step document in ``__metadata__["trainguard"]`` of a step object."""
+
+    format: Literal["trainguard.step/1"] = STEP_FORMAT
+    job: JobName
+    step: int = Field(ge=0)
+    worker: int = Field(ge=0)
+    world_size: int = Field(ge=1, le=100_000)
+    #: the previous step this worker wrote (None for its first): each worker's objects form
+    #: a chain, so the service knows exactly which steps a worker skipped.
+    prev_step: int | None = Field(default=None, ge=0)
+    wall_time: float
+    modes: dict[Mode, ModeRecord] = Field(max_length=4)
+
+
+def tensor_key(mode: str, name: str) -> str:
+    """Name of a full tensor inside a step object's body."""
+    return f"{mode}/{name}"
+
+
+class FrameworkInfo(_Strict):
+    name: ShortText
+    version: ShortText | None = None
+
+
+class ManifestSaveConfig(_Strict):
+    save_interval: int
+    start_step: int = 0
+    end_step: int | None = None
+    save_steps: list[int] = Field(default_factory=list, max_length=10_000)
+
+
+class ManifestCollection(_Strict):
+    name: ShortText
+    include_regex: list[ShortText] = Field(default_factory=list, max_length=64)
+    save_config: dict[Mode, ManifestSaveConfig] = Field(default_factory=dict)
+    reductions: list[ShortText] = Field(default_factory=list, max_length=32)
+    save_full: bool = False
+
+
+class Manifest(_Strict):
+    format: Literal["trainguard.manifest/1"] = MANIFEST_FORMAT
+    job: JobName
+    created: float
+    hook_version: ShortText
+    frameworks: list[FrameworkInfo] = Field(default_factory=list, max_length=16)
+    python: ShortText | None = None
+    host: ShortText | None = None
+    world_size: int = Field(ge=1, le=100_000)
+    collections: list[ManifestCollection] = Field(default_factory=list, max_length=64)
+    #: SageMaker ``DebugRuleConfigurations`` entries, kept raw: a bad entry must become an
+    #: Error status for that rule, not a rejected manifest.
+    rules: list[dict[str, Any]] | None = Field(default=None, max_length=50)
+    #: SageMaker's TRAINING_JOB_NAME when the job runs there (enables StopTrainingJob)
+    sagemaker_training_job_name: ShortText | None = None
+    #: the job opted in to being stopped with StopTrainingJob
+    allow_sagemaker_stop: bool = False
+    #: system monitor interval in seconds when profiling is on
+    system_interval_s: float | None = None
+
+
+class EndMarker(_Strict):
+    format: Literal["trainguard.end/1"] = END_FORMAT
+    job: JobName
+    worker: int = Field(ge=0)
+    world_size: int = Field(ge=1, le=100_000)
+    #: the last step this worker wrote (None if it wrote none): closes the worker's chain
+    last_step: int | None = Field(default=None, ge=0)
+    wall_time: float
+    #: the hook saw the service's stop signal before closing
+    stopped: bool = False
+    #: objects the uploader could not deliver (never silently)
+    dropped_objects: int = Field(default=0, ge=0)
+    steps_written: int = Field(default=0, ge=0)
+
+
+class StopSignal(_Strict):
+    format: Literal["trainguard.stop/1"] = STOP_FORMAT
+    job: JobName
+    rule: ShortText
+    reason: Annotated[str, StringConstraints(max_length=1024)]
+    requested_at: float
+
+
+def parse_document(model: type[Any], raw: bytes) -> Any:
+    """Parse a JSON document with a size bound; raises ValueError with a clear message."""
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{model.__name__} is {len(raw)} bytes; at most {MAX_DOCUMENT_BYTES}")
+    return model.model_validate_json(raw)
+
+
+def dump_document(doc: BaseModel) -> bytes:
+    return doc.model_dump_json(exclude_none=False).encode()
+
+
+def step_metadata(header: StepHeader) -> dict[str, str]:
+    return {stepfile.METADATA_KEY: header.model_dump_json()}
+
+
+def header_from_metadata(metadata: dict[str, str]) -> StepHeader:
+    raw = metadata.get(stepfile.METADATA_KEY)
+    if raw is None:
+        raise stepfile.StepFormatError(f"no {stepfile.METADATA_KEY!r} entry in __metadata__: not a trainguard step object")
+    try:
+        return StepHeader.model_validate_json(raw)
+    except ValueError as exc:
+        raise stepfile.StepFormatError(f"invalid step document: {_first_lines(str(exc))}") from None
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    return " | ".join(text.splitlines()[:n])
+
+
+def encode_step(header: StepHeader, tensors: dict[str, stepfile.TensorBlob]) -> bytes:
+    return stepfile.encode(tensors, step_metadata(header))
+
+
+def decode_step_header(data: bytes, object_size: int | None = None) -> tuple[StepHeader, stepfile.ParsedHeader]:
+    parsed = stepfile.parse_header(data, object_size)
+    return header_from_metadata(parsed.metadata), parsed
+
+
+def loads_json_bounded(raw: bytes) -> Any:
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"document is {len(raw)} bytes; at most {MAX_DOCUMENT_BYTES}")
+    return json.loads(raw)
