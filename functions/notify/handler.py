@@ -1,0 +1,13 @@
+"""notify: rule-status events (EventBridge) → one SNS email/SMS per transition."""
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from trainguard.service.notify import handle_event
+
+logger = Logger(service="trainguard-notify")
+
+
+@logger.inject_lambda_context
+def handler(event: dict, context: LambdaContext) -> dict:
+    return handle_event(event)

@@ -1,0 +1,281 @@
+"""Pure job evaluation: the same code behind the Lambda, ``trainguard replay`` and the tests.
+
+Ordering. Each worker's step objects form a chain (``prev_step``). A worker's next object
+is the one whose ``prev_step`` is the worker's frontier (the last step of it evaluated).
+The next global step ``s`` can be evaluated only when every worker's next object is known
+(or the worker has ended): then ``s`` is the smallest of those next steps, every worker
+whose next object is at ``s`` contributes it, and the others provably wrote nothing at
+``s``. So the steps evaluated, and what each holds, do not depend on arrival order,
+duplication or concurrency: a live evaluation equals a sequential replay.
+
+Every function here takes a state and returns a new one plus the transitions it made;
+nothing touches AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from trainguard.engine.events import RuleStatusDetail, RuleStatusEntry, Status
+from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, Transition
+from trainguard.format.documents import EndMarker, Manifest
+from trainguard.rules.base import Finding, Rule, StepData
+from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
+
+#: at most this many steps per advance call, so one invocation's work stays bounded
+MAX_STEPS_PER_ADVANCE = 5_000
+
+
+@dataclass
+class Outcome:
+    state: JobState
+    transitions: list[Transition] = field(default_factory=list)
+    #: (step, worker) arrivals that were evaluated or are stale and can be deleted
+    consumed: list[tuple[int, int]] = field(default_factory=list)
+    changed: bool = False
+
+
+def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
+    """The job declared itself: create its rules (InProgress, or Error for a bad entry)."""
+    if state.info is not None:
+        return Outcome(state)  # a duplicate delivery, or a rewritten manifest: the first one counts
+    new = state.model_copy(deep=True)
+    new.info = JobInfo.from_manifest(manifest)
+    out = Outcome(new, changed=True)
+    for configured in _configured(new.info):
+        record = RuleRecord(
+            name=configured.configuration_name,
+            rule=configured.rule_name,
+            actions=list(configured.actions),
+            status="InProgress",
+            modified=now,
+        )
+        if configured.error is not None:
+            _set_status(out, record, "Error", f"RuleConfigurationError: {configured.error}", now, previous=None)
+        else:
+            _set_status(out, record, "InProgress", "", now, previous=None)
+        new.rules.append(record)
+    return out
+
+
+def apply_end(state: JobState, marker: EndMarker) -> Outcome:
+    if marker.worker in state.ended:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    new.ended[marker.worker] = marker.last_step
+    new.stopped = new.stopped or marker.stopped
+    return Outcome(new, changed=True)
+
+
+def record_invalid(state: JobState, reason: str) -> Outcome:
+    if reason in state.invalid_objects or len(state.invalid_objects) >= 20:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    new.invalid_objects.append(reason[:500])
+    return Outcome(new, changed=True)
+
+
+def request_stop(state: JobState, now: float) -> Outcome:
+    """The stop action ran: rules still evaluating become Stopping."""
+    if state.stop_requested or state.finished:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    new.stop_requested = True
+    out = Outcome(new, changed=True)
+    for record in new.rules:
+        if record.status == "InProgress":
+            _set_status(out, record, "Stopping", "The job is being stopped by a trainguard action.", now)
+    return out
+
+
+def advance(
+    state: JobState, arrivals: Iterable[StepArrival], now: float, max_steps: int | None = MAX_STEPS_PER_ADVANCE
+) -> Outcome:
+    """Evaluate every step that is complete, in order; finish the job when all workers ended.
+
+    At most ``max_steps`` steps are evaluated (None: no limit); the caller advances again.
+    """
+    out = Outcome(state.model_copy(deep=True))
+    new = out.state
+    pending: dict[int, dict[int, StepArrival]] = {}
+    for arrival in arrivals:
+        last = new.frontier.get(arrival.worker, -1)
+        if arrival.step <= last:
+            out.consumed.append((arrival.step, arrival.worker))  # stale duplicate
+            continue
+        pending.setdefault(arrival.worker, {})[arrival.step] = arrival
+    if new.info is None or new.finished:
+        return out
+    rules = {c.configuration_name: c for c in _configured(new.info)}
+    world = new.info.world_size
+    budget = max_steps if max_steps is not None else 1 << 62
+    while budget > 0:
+        budget -= 1
+        nexts: dict[int, StepArrival] = {}
+        blocked = False
+        for worker in range(world):
+            frontier = new.frontier.get(worker)
+            if worker in new.ended and new.ended[worker] == frontier:
+                continue  # this worker has no more steps
+            candidates = pending.get(worker, {})
+            if not candidates:
+                blocked = True
+                break
+            first = candidates[min(candidates)]
+            if first.prev_step == frontier or first.bad is not None:
+                nexts[worker] = first
+            else:
+                blocked = True  # the worker's next object has not arrived yet
+                break
+        if blocked or not nexts:
+            break
+        step = min(a.step for a in nexts.values())
+        contributing = [a for a in nexts.values() if a.step == step]
+        headers = [a.header for a in contributing if a.header is not None]
+        for arrival in contributing:
+            new.frontier[arrival.worker] = step
+            del pending[arrival.worker][step]
+            out.consumed.append((step, arrival.worker))
+        new.watermark = step
+        new.steps_evaluated += 1
+        out.changed = True
+        if headers:
+            data = StepData.from_headers(headers)
+            new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
+            _evaluate_step(out, rules, data, now)
+    if _all_ended(new):
+        _finish(out, rules, now)
+    return out
+
+
+def _all_ended(state: JobState) -> bool:
+    assert state.info is not None
+    return all(
+        w in state.ended and state.ended[w] == state.frontier.get(w) for w in range(state.info.world_size)
+    )
+
+
+def _evaluate_step(out: Outcome, rules: dict[str, ConfiguredRule], data: StepData, now: float) -> None:
+    for record in out.state.rules:
+        if record.status not in ("InProgress", "Stopping"):
+            continue
+        configured = rules.get(record.name)
+        if configured is None or configured.rule is None:
+            continue
+        rule = configured.rule
+        try:
+            rule_state = rule.load_state(record.state)
+            rule_state, findings = rule.update(rule_state, data)
+            record.state = rule.dump_state(rule_state)
+        except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
+            _set_status(out, record, "Error", f"RuleEvaluationError at step {data.step}: {type(exc).__name__}: {exc}", now)
+            continue
+        if findings:
+            _fire(out, record, findings[0], now)
+
+
+def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
+    state = out.state
+    state.finished = True
+    out.changed = True
+    for record in state.rules:
+        if record.status not in ("InProgress", "Stopping"):
+            continue
+        configured = rules.get(record.name)
+        findings: list[Finding] = []
+        if configured is not None and configured.rule is not None:
+            rule = configured.rule
+            try:
+                findings = rule.finish(rule.load_state(record.state))
+            except Exception as exc:
+                _set_status(out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now)
+                continue
+        if findings:
+            _fire(out, record, findings[0], now)
+        elif state.stopped or state.stop_requested:
+            _set_status(out, record, "Stopped", "The training job was stopped before the rule found issues.", now)
+        else:
+            _set_status(
+                out, record, "NoIssuesFound",
+                f"NoIssuesFound: the rule {record.rule} evaluated {state.steps_evaluated} steps "
+                f"(last step {state.watermark}) without finding issues.",
+                now,
+            )
+
+
+def _fire(out: Outcome, record: RuleRecord, finding: Finding, now: float) -> None:
+    record.step = finding.step
+    record.value = _finite_or_none(finding.value)
+    record.threshold = _finite_or_none(finding.threshold)
+    record.tensor = finding.tensor
+    _set_status(out, record, "IssuesFound", finding.details(), now)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    # NaN/Inf are kept in the text of StatusDetails; numeric fields stay JSON-safe
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _set_status(
+    out: Outcome, record: RuleRecord, status: Status, details: str, now: float, previous: Status | None | str = "same"
+) -> None:
+    before: Status | None = record.status if previous == "same" else None
+    record.status = status
+    record.details = details[:1024]
+    record.modified = now
+    record.transitions += 1
+    out.changed = True
+    out.transitions.append(Transition(out.state.job, record.model_copy(deep=True), before))
+
+
+def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
+    record = transition.record
+    info = state.info
+    return RuleStatusDetail(
+        EventId=f"{state.job}/{record.name}/{record.transitions}",
+        TrainingJobName=state.job,
+        RuleConfigurationName=record.name,
+        RuleName=record.rule,
+        RuleEvaluationStatus=record.status,
+        PreviousStatus=transition.previous,
+        StatusDetails=record.details,
+        LastModifiedTime=record.modified,
+        Step=record.step,
+        Value=record.value,
+        Threshold=record.threshold,
+        Tensor=record.tensor,
+        Actions=record.actions,
+        SageMakerTrainingJobName=info.sagemaker_training_job_name if info else None,
+        AllowSageMakerStop=info.allow_sagemaker_stop if info else False,
+        TrainingJobStatus=state.training_status,  # type: ignore[arg-type]
+        DebugRuleEvaluationStatuses=[
+            RuleStatusEntry(
+                RuleConfigurationName=r.name,
+                RuleEvaluationStatus=r.status,
+                StatusDetails=r.details,
+                LastModifiedTime=r.modified,
+            )
+            for r in state.rules
+        ],
+    )
+
+
+def _configured(info: JobInfo) -> list[ConfiguredRule]:
+    key = json.dumps(info.rules, sort_keys=True) if info.rules is not None else "null"
+    return _configured_cached(key)
+
+
+@lru_cache(maxsize=512)
+def _configured_cached(key: str) -> list[ConfiguredRule]:
+    # Rules are stateless objects (their state lives in RuleRecord), so sharing is safe.
+    entries: Any = json.loads(key)
+    return parse_rule_configurations(entries)
+
+
+def rule_objects(info: JobInfo) -> dict[str, Rule[Any, Any] | None]:
+    return {c.configuration_name: c.rule for c in _configured(info)}

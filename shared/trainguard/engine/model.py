@@ -1,0 +1,107 @@
+"""The persisted state of one job's evaluation, and what arrives for it.
+
+One ``JobState`` per job is the unit of every conditional write: rule states, statuses,
+the per-worker frontier and the end markers seen all change together or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainguard.engine.events import Status
+from trainguard.format.documents import Manifest, StepHeader
+
+
+class RuleRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # RuleConfigurationName
+    rule: str  # rule_to_invoke
+    status: Status = "InProgress"
+    details: str = ""
+    step: int | None = None
+    value: float | None = None
+    threshold: float | None = None
+    tensor: str | None = None
+    actions: list[str] = Field(default_factory=list)
+    #: the rule's own state (RuleState JSON), None before the first step
+    state: dict[str, Any] | None = None
+    #: number of status transitions so far; the n-th transition's event id ends in /n
+    transitions: int = 0
+    modified: float = 0.0
+
+
+class JobInfo(BaseModel):
+    """What the evaluation needs from the manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    world_size: int
+    rules: list[dict[str, Any]] | None = None
+    sagemaker_training_job_name: str | None = None
+    allow_sagemaker_stop: bool = False
+
+    @staticmethod
+    def from_manifest(manifest: Manifest) -> JobInfo:
+        return JobInfo(
+            world_size=manifest.world_size,
+            rules=manifest.rules,
+            sagemaker_training_job_name=manifest.sagemaker_training_job_name,
+            allow_sagemaker_stop=manifest.allow_sagemaker_stop,
+        )
+
+
+class JobState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job: str
+    info: JobInfo | None = None
+    rules: list[RuleRecord] = Field(default_factory=list)
+    #: last global step evaluated (-1: none yet)
+    watermark: int = -1
+    #: worker -> last step of that worker that was evaluated (absent: none yet)
+    frontier: dict[int, int] = Field(default_factory=dict)
+    #: worker -> the last step it wrote, from its end marker (None: it wrote no step)
+    ended: dict[int, int | None] = Field(default_factory=dict)
+    #: an end marker said the hook obeyed a stop signal
+    stopped: bool = False
+    #: the stop-job action ran for this job
+    stop_requested: bool = False
+    finished: bool = False
+    steps_evaluated: int = 0
+    #: wall time of the newest data seen (for clock-driven rules)
+    last_data_time: float | None = None
+    #: objects that could not be read, with the reason (bounded)
+    invalid_objects: list[str] = Field(default_factory=list, max_length=20)
+
+    def rule(self, name: str) -> RuleRecord:
+        return next(r for r in self.rules if r.name == name)
+
+    @property
+    def training_status(self) -> str:
+        if self.finished:
+            return "Stopped" if self.stopped else "Completed"
+        return "InProgress"
+
+
+@dataclass(frozen=True)
+class StepArrival:
+    """A step object that has arrived (or could not be read, with ``bad`` saying why)."""
+
+    step: int
+    worker: int
+    prev_step: int | None
+    header: StepHeader | None
+    bad: str | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A status change made by one evaluation; becomes exactly one event."""
+
+    job: str
+    record: RuleRecord  # the record after the change
+    previous: Status | None

@@ -1,0 +1,171 @@
+"""The evaluate pipeline for one S3 object: read → buffer → advance → commit → publish.
+
+Correctness under at-least-once, unordered, concurrent delivery rests on three things:
+1. every step arrival is *put* before the job is read, so whoever reads last sees it;
+2. the job state is written only if its version is still the one read (a loser re-reads);
+3. events are written to an outbox in the same transaction as the status change, and
+   published (then deleted) afterwards; an unpublished outbox entry is retried by the next
+   invocation for that job. Event ids are deterministic, so consumers drop the rare repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.engine.evaluator import Outcome, advance, apply_end, apply_manifest, build_event, record_invalid, request_stop
+from trainguard.engine.model import JobState, StepArrival
+from trainguard.engine.sources import ObjectError, read_document, read_end, read_head, read_manifest, step_arrival
+from trainguard.engine.store import HeaderTooLarge, Loaded, StateStore, VersionConflict
+from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, ObjectRef, parse_key
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 8
+
+
+class PermanentError(Exception):
+    """Retrying cannot help (bad key, bad object): the message goes to the DLQ with this reason."""
+
+
+class Publisher:
+    """EventBridge adapter: PutEvents in chunks of 10, failing loudly on any failed entry."""
+
+    def __init__(self, client: Any, bus_name: str) -> None:
+        self.client = client
+        self.bus_name = bus_name
+        self.requests = 0
+
+    def publish(self, details: list[str]) -> None:
+        from trainguard.engine.events import DETAIL_TYPE, EVENT_SOURCE
+
+        for start in range(0, len(details), 10):
+            entries = [
+                {"Source": EVENT_SOURCE, "DetailType": DETAIL_TYPE, "Detail": d, "EventBusName": self.bus_name}
+                for d in details[start : start + 10]
+            ]
+            self.requests += 1
+            resp = self.client.put_events(Entries=entries)
+            if resp.get("FailedEntryCount", 0):
+                codes = {e.get("ErrorCode") for e in resp.get("Entries", []) if e.get("ErrorCode")}
+                raise RuntimeError(f"PutEvents failed for {resp['FailedEntryCount']} entries: {sorted(codes)}")
+
+
+@dataclass
+class Result:
+    job: str
+    kind: str
+    transitions: int = 0
+    steps_evaluated: int = 0
+
+
+class EvaluateService:
+    def __init__(
+        self,
+        store: StateStore,
+        s3: Any,
+        publisher: Publisher,
+        ingest_prefix: str = INGEST_PREFIX,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.s3 = s3
+        self.publisher = publisher
+        self.ingest_prefix = ingest_prefix
+        self.clock = clock
+        self.s3_requests = 0
+
+    # entry point ------------------------------------------------------------------------
+    def handle_object(self, bucket: str, key: str) -> Result:
+        try:
+            ref = parse_key(key, self.ingest_prefix)
+        except LayoutError as exc:
+            raise PermanentError(str(exc)) from None
+        if ref.kind is ObjectKind.STEP:
+            return self._on_step(bucket, key, ref)
+        if ref.kind is ObjectKind.MANIFEST:
+            manifest = read_manifest(self._document(bucket, key))
+            if manifest.job != ref.job:
+                raise PermanentError(f"manifest names job {manifest.job!r} but lies under {ref.job!r}")
+            return self._update(ref, lambda s: apply_manifest(s, manifest, self.clock()))
+        if ref.kind is ObjectKind.END:
+            marker = read_end(self._document(bucket, key))
+            if (marker.job, marker.worker) != (ref.job, ref.worker):
+                raise PermanentError(f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}")
+            return self._update(ref, lambda s: apply_end(s, marker))
+        # system samples are evaluated by the profiler path; stop signals and reports are ours
+        return Result(ref.job, ref.kind.value)
+
+    def request_stop(self, job: str) -> Result:
+        ref = ObjectRef(job, ObjectKind.STOP)
+        return self._update(ref, lambda s: request_stop(s, self.clock()))
+
+    # internals --------------------------------------------------------------------------
+    def _document(self, bucket: str, key: str) -> bytes:
+        self.s3_requests += 1
+        try:
+            return read_document(self.s3, bucket, key)
+        except ObjectError as exc:
+            raise PermanentError(str(exc)) from None
+        except self.s3.exceptions.NoSuchKey:
+            raise PermanentError(f"{key} no longer exists") from None
+
+    def _on_step(self, bucket: str, key: str, ref: ObjectRef) -> Result:
+        self.s3_requests += 1
+        try:
+            head, size = read_head(self.s3, bucket, key)
+        except self.s3.exceptions.NoSuchKey:
+            raise PermanentError(f"{key} no longer exists") from None
+        arrival = step_arrival(ref, head, size)
+        try:
+            self.store.put_arrival(ref.job, arrival)
+        except HeaderTooLarge as exc:
+            # keep the worker's chain moving; the reason is recorded and dead-lettered
+            assert ref.step is not None and ref.worker is not None
+            arrival = StepArrival(ref.step, ref.worker, None, None, bad=str(exc))
+            self.store.put_arrival(ref.job, arrival)
+        if arrival.bad is not None:
+            reason = arrival.bad
+            self._update(ref, lambda s: record_invalid(s, reason))
+            raise PermanentError(reason)
+        return self._update(ref, lambda s: Outcome(s))
+
+    def _update(self, ref: ObjectRef, mutate: Callable[[JobState], Outcome]) -> Result:
+        """Read-modify-write of the job with retries; then clean up and publish."""
+        result = Result(ref.job, ref.kind.value)
+        for attempt in range(MAX_ATTEMPTS):
+            loaded = self.store.load(ref.job)
+            now = self.clock()
+            first = mutate(loaded.state)
+            second = advance(first.state, loaded.arrivals, now)
+            transitions = first.transitions + second.transitions
+            if not (first.changed or second.changed):
+                self._after(loaded, second.consumed, {})
+                return result
+            events = {
+                f"{t.record.name}/{t.record.transitions}": build_event(second.state, t).model_dump_json()
+                for t in transitions
+            }
+            try:
+                self.store.commit(second.state, loaded.version, events, now)
+            except VersionConflict:
+                time.sleep(random.uniform(0, 0.02 * (attempt + 1)))  # noqa: S311 - jitter, not crypto
+                continue
+            result.transitions = len(transitions)
+            result.steps_evaluated = second.state.steps_evaluated - loaded.state.steps_evaluated
+            self._after(loaded, second.consumed, events)
+            return result
+        raise VersionConflict(f"job {ref.job}: {MAX_ATTEMPTS} conflicting writers; SQS will redeliver")
+
+    def _after(self, loaded: Loaded, consumed: list[tuple[int, int]], new_events: dict[str, str]) -> None:
+        job = loaded.state.job
+        if consumed:
+            self.store.delete_steps(job, consumed)
+        pending = {**loaded.outbox, **new_events}
+        if pending:
+            self.publisher.publish(list(pending.values()))
+            self.store.delete_outbox(job, pending.keys())

@@ -1,0 +1,224 @@
+"""DynamoDB adapter for job state: one partition per job, conditional writes on a version.
+
+Items in partition ``JOB#<job>``:
+
+- ``STATE``: ``version`` (N), ``doc`` (B: zlib JSON of ``JobState``), ``job``, ``updated``,
+  ``training_status`` — rewritten only with ``version = <the version read>``.
+- ``STEP#<step:012d>#<worker:05d>``: a buffered step header (``hdr``, zlib JSON) and its
+  ``prev`` step, or ``bad`` (the reason it could not be read). Deleted once evaluated.
+- ``OUTBOX#<event id>``: an event whose status change was committed but not yet
+  published; written in the same transaction as ``STATE``, deleted after PutEvents.
+
+One consistent Query of the partition reads everything an evaluation needs.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.engine.model import JobState, StepArrival
+from trainguard.format.documents import StepHeader
+
+STATE_SK = "STATE"
+STEP_PREFIX = "STEP#"
+OUTBOX_PREFIX = "OUTBOX#"
+#: a buffered header above this is refused (DynamoDB items stop at 400 KB)
+MAX_BUFFERED_HEADER_BYTES = 300 * 1024
+#: at most this many items read per evaluation (bounded work per invocation)
+MAX_ITEMS_PER_LOAD = 5_000
+
+
+class VersionConflict(Exception):
+    """Another writer committed first; re-read and try again."""
+
+
+class HeaderTooLarge(ValueError):
+    pass
+
+
+@dataclass
+class Loaded:
+    state: JobState
+    version: int
+    arrivals: list[StepArrival] = field(default_factory=list)
+    outbox: dict[str, str] = field(default_factory=dict)
+    #: a bounded read stopped early: more items exist
+    truncated: bool = False
+
+
+def pk(job: str) -> str:
+    return f"JOB#{job}"
+
+
+def step_sk(step: int, worker: int) -> str:
+    return f"{STEP_PREFIX}{step:012d}#{worker:05d}"
+
+
+def _pack(obj: Any) -> bytes:
+    return zlib.compress(json.dumps(obj, separators=(",", ":")).encode(), 6)
+
+
+def _unpack(raw: bytes) -> Any:
+    # zlib bombs: cap what a stored blob may expand to
+    data = zlib.decompressobj().decompress(raw, 16 * 1024 * 1024)
+    return json.loads(data)
+
+
+class StateStore:
+    def __init__(self, table: str, client: Any) -> None:
+        self.table = table
+        self.client = client
+        self.requests = 0  # DynamoDB requests made (for the pipeline benchmark)
+
+    # arrivals -------------------------------------------------------------------------
+    def put_arrival(self, job: str, arrival: StepArrival) -> None:
+        item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": step_sk(arrival.step, arrival.worker)}}
+        if arrival.prev_step is not None:
+            item["prev"] = {"N": str(arrival.prev_step)}
+        if arrival.header is not None:
+            blob = zlib.compress(arrival.header.model_dump_json().encode(), 6)
+            if len(blob) > MAX_BUFFERED_HEADER_BYTES:
+                raise HeaderTooLarge(
+                    f"step {arrival.step} worker {arrival.worker}: header compresses to {len(blob)} bytes; "
+                    f"the state buffer takes at most {MAX_BUFFERED_HEADER_BYTES}"
+                )
+            item["hdr"] = {"B": blob}
+        if arrival.bad is not None:
+            item["bad"] = {"S": arrival.bad[:1000]}
+        self.requests += 1
+        self.client.put_item(TableName=self.table, Item=item)
+
+    # load / commit ----------------------------------------------------------------------
+    def load(self, job: str) -> Loaded:
+        state = JobState(job=job)
+        version = 0
+        arrivals: list[StepArrival] = []
+        outbox: dict[str, str] = {}
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk",
+            "ExpressionAttributeValues": {":pk": {"S": pk(job)}},
+            "ConsistentRead": True,
+        }
+        count = 0
+        truncated = False
+        while True:
+            self.requests += 1
+            page = self.client.query(**kwargs)
+            for item in page.get("Items", []):
+                count += 1
+                sk = item["sk"]["S"]
+                if sk == STATE_SK:
+                    version = int(item["version"]["N"])
+                    state = JobState.model_validate(_unpack(item["doc"]["B"]))
+                elif sk.startswith(STEP_PREFIX):
+                    arrivals.append(_arrival(sk, item))
+                elif sk.startswith(OUTBOX_PREFIX):
+                    outbox[sk[len(OUTBOX_PREFIX) :]] = item["detail"]["S"]
+            if "LastEvaluatedKey" not in page:
+                break
+            if count >= MAX_ITEMS_PER_LOAD:
+                truncated = True
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return Loaded(state, version, arrivals, outbox, truncated)
+
+    def load_state(self, job: str) -> tuple[JobState, int] | None:
+        self.requests += 1
+        item = self.client.get_item(
+            TableName=self.table, Key={"pk": {"S": pk(job)}, "sk": {"S": STATE_SK}}, ConsistentRead=True
+        ).get("Item")
+        if item is None:
+            return None
+        return JobState.model_validate(_unpack(item["doc"]["B"])), int(item["version"]["N"])
+
+    def commit(self, state: JobState, version: int, outbox: dict[str, str], now: float) -> int:
+        """Write ``state`` if nobody wrote since ``version``; add ``outbox`` events atomically."""
+        new_version = version + 1
+        state_item = {
+            "pk": {"S": pk(state.job)},
+            "sk": {"S": STATE_SK},
+            "job": {"S": state.job},
+            "version": {"N": str(new_version)},
+            "doc": {"B": _pack(state.model_dump(mode="json"))},
+            "updated": {"N": repr(now)},
+            "training_status": {"S": state.training_status},
+        }
+        if version == 0:
+            condition: dict[str, Any] = {"ConditionExpression": "attribute_not_exists(pk)"}
+        else:
+            condition = {
+                "ConditionExpression": "version = :v",
+                "ExpressionAttributeValues": {":v": {"N": str(version)}},
+            }
+        self.requests += 1
+        try:
+            if not outbox:
+                self.client.put_item(TableName=self.table, Item=state_item, **condition)
+            else:
+                items: list[dict[str, Any]] = [{"Put": {"TableName": self.table, "Item": state_item, **condition}}]
+                for event_id, detail in outbox.items():
+                    items.append({"Put": {"TableName": self.table, "Item": {
+                        "pk": {"S": pk(state.job)},
+                        "sk": {"S": OUTBOX_PREFIX + event_id},
+                        "detail": {"S": detail},
+                    }}})
+                self.client.transact_write_items(TransactItems=items)
+        except self.client.exceptions.ConditionalCheckFailedException:
+            raise VersionConflict(state.job) from None
+        except self.client.exceptions.TransactionCanceledException as exc:
+            reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+            if "ConditionalCheckFailed" in reasons:
+                raise VersionConflict(state.job) from None
+            raise
+        return new_version
+
+    def delete_steps(self, job: str, keys: Iterable[tuple[int, int]]) -> None:
+        self._delete(job, [step_sk(s, w) for s, w in keys])
+
+    def delete_outbox(self, job: str, event_ids: Iterable[str]) -> None:
+        self._delete(job, [OUTBOX_PREFIX + e for e in event_ids])
+
+    def _delete(self, job: str, sks: list[str]) -> None:
+        for start in range(0, len(sks), 25):
+            requests = [
+                {"DeleteRequest": {"Key": {"pk": {"S": pk(job)}, "sk": {"S": sk}}}} for sk in sks[start : start + 25]
+            ]
+            pending: dict[str, Any] = {self.table: requests}
+            for _ in range(5):
+                self.requests += 1
+                resp = self.client.batch_write_item(RequestItems=pending)
+                pending = resp.get("UnprocessedItems") or {}
+                if not pending:
+                    break
+            # anything still unprocessed is harmless: stale steps are ignored and re-deleted later
+
+    def list_jobs(self, limit: int = 1000) -> list[JobState]:
+        """Every job's state (for ``trainguard status``): a filtered scan, fine at CLI scale."""
+        jobs: list[JobState] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "FilterExpression": "sk = :s",
+            "ExpressionAttributeValues": {":s": {"S": STATE_SK}},
+        }
+        while len(jobs) < limit:
+            page = self.client.scan(**kwargs)
+            jobs.extend(JobState.model_validate(_unpack(i["doc"]["B"])) for i in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return jobs
+
+
+def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
+    _, step, worker = sk.split("#")
+    header = None
+    if "hdr" in item:
+        header = StepHeader.model_validate_json(zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024))
+    prev = int(item["prev"]["N"]) if "prev" in item else None
+    bad = item["bad"]["S"] if "bad" in item else None
+    return StepArrival(int(step), int(worker), prev, header, bad)

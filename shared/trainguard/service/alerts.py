@@ -1,0 +1,59 @@
+"""Alert texts: a readable email and a one-message SMS, from a rule-status event."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from trainguard.engine.events import RuleStatusDetail
+from trainguard.rules.base import fmt
+
+SMS_MAX_CHARS = 140  # one SMS (SNS bills 140 bytes per message)
+SUBJECT_MAX_CHARS = 100  # SNS email subject limit
+
+
+@dataclass(frozen=True)
+class Alert:
+    subject: str
+    email: str
+    sms: str
+
+
+def _advice(rule_name: str) -> str:
+    from trainguard.rules.registry import RULES
+
+    cls = RULES.get(rule_name)
+    return cls.advice if cls is not None and cls.advice else "Inspect the job's saved data with trainguard.create_trial."
+
+
+def render(detail: RuleStatusDetail) -> Alert:
+    job, rule, status = detail.TrainingJobName, detail.RuleConfigurationName, detail.RuleEvaluationStatus
+    when = dt.datetime.fromtimestamp(detail.LastModifiedTime, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    subject = f"trainguard: {rule} {status} in {job}"[:SUBJECT_MAX_CHARS]
+    lines = [
+        f"Training job:  {job}",
+        f"Rule:          {rule} ({detail.RuleName})",
+        f"Status:        {status}" + (f" (was {detail.PreviousStatus})" if detail.PreviousStatus else ""),
+        f"Time:          {when}",
+    ]
+    if detail.Step is not None:
+        lines.append(f"Step:          {detail.Step}")
+    if detail.Tensor:
+        lines.append(f"Tensor:        {detail.Tensor}")
+    if detail.Value is not None or detail.Threshold is not None:
+        lines.append(f"Measured:      {fmt(detail.Value)} (threshold {fmt(detail.Threshold)})")
+    lines += ["", detail.StatusDetails, ""]
+    if status == "Error":
+        lines.append("What to do: fix the rule configuration or the data named above; the other rules go on.")
+    else:
+        lines.append(f"What to do: {_advice(detail.RuleName)}")
+    if "StopTraining" in detail.Actions:
+        lines.append("This rule's StopTraining action is stopping the job.")
+    lines += ["", f"Event id: {detail.EventId}", "Other rules of this job:"]
+    lines += [f"  - {e.RuleConfigurationName}: {e.RuleEvaluationStatus}" for e in detail.DebugRuleEvaluationStatuses]
+    at = f" step {detail.Step}" if detail.Step is not None else ""
+    value = f" {fmt(detail.Value)}>{fmt(detail.Threshold)}" if detail.Value is not None and detail.Threshold is not None else ""
+    sms = f"trainguard {job}: {rule} {status}{at}{value}"
+    if len(sms) > SMS_MAX_CHARS:
+        sms = sms[: SMS_MAX_CHARS - 3] + "..."
+    return Alert(subject, "\n".join(lines), sms)

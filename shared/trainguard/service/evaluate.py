@@ -1,0 +1,100 @@
+"""The evaluate function's logic: SQS records of S3 notifications → EvaluateService.
+
+Transient failures (throttling, conflicts past the retry budget, AWS errors) raise, so the
+record is reported as a batch item failure and SQS redelivers it (then its DLQ after
+``maxReceiveCount``). Permanent failures (a key outside the layout, a malformed object)
+are sent to the DLQ at once with the reason as a message attribute, and the record
+succeeds: one bad object never fails the batch for other jobs nor loops forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+from urllib.parse import unquote_plus
+
+from trainguard.engine.service import EvaluateService, PermanentError, Publisher, Result
+from trainguard.engine.sources import ObjectError
+from trainguard.engine.store import StateStore
+from trainguard.service.clients import client
+from trainguard.service.settings import Settings
+
+logger = logging.getLogger("trainguard.evaluate")
+MAX_BODY_BYTES = 256 * 1024  # the SQS maximum
+
+
+@lru_cache(maxsize=1)
+def service() -> EvaluateService:
+    settings = Settings.from_env()
+    return EvaluateService(
+        StateStore(settings.table_name, client("dynamodb")),
+        client("s3"),
+        Publisher(client("events"), settings.bus_name),
+        ingest_prefix=settings.ingest_prefix,
+    )
+
+
+def s3_objects(body: str) -> list[tuple[str, str]]:
+    """(bucket, key) of every ObjectCreated record in an S3 notification (keys URL-decoded)."""
+    if len(body) > MAX_BODY_BYTES:
+        raise PermanentError(f"message body of {len(body)} bytes is not an S3 notification")
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise PermanentError(f"message body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PermanentError("message body is not a JSON object")
+    if doc.get("Event") == "s3:TestEvent":
+        return []
+    records = doc.get("Records")
+    if not isinstance(records, list):
+        raise PermanentError("message body has no S3 'Records' list")
+    out: list[tuple[str, str]] = []
+    for record in records:
+        try:
+            if not str(record.get("eventName", "")).startswith("ObjectCreated"):
+                continue
+            out.append((record["s3"]["bucket"]["name"], unquote_plus(record["s3"]["object"]["key"])))
+        except (KeyError, TypeError, AttributeError):
+            raise PermanentError("S3 record without s3.bucket.name / s3.object.key") from None
+    return out
+
+
+def process_body(body: str) -> list[Result]:
+    """Handle one SQS message body; PermanentError names what was wrong."""
+    results: list[Result] = []
+    problems: list[str] = []
+    for bucket, key in s3_objects(body):
+        try:
+            results.append(service().handle_object(bucket, key))
+        except (PermanentError, ObjectError) as exc:
+            problems.append(f"{key}: {exc}")
+    if problems:
+        raise PermanentError("; ".join(problems)[:4000])
+    return results
+
+
+def dead_letter(message_body: str, reason: str, message_id: str) -> None:
+    """Park a message in the ingest DLQ with the reason it cannot be processed."""
+    settings = Settings.from_env()
+    logger.warning("dead-lettering message %s: %s", message_id, reason)
+    if settings.ingest_dlq_url is None:
+        return
+    client("sqs").send_message(
+        QueueUrl=settings.ingest_dlq_url,
+        MessageBody=message_body[:MAX_BODY_BYTES],
+        MessageAttributes={
+            "reason": {"DataType": "String", "StringValue": reason[:4000] or "unknown"},
+            "source_message_id": {"DataType": "String", "StringValue": message_id or "unknown"},
+        },
+    )
+
+
+def handle_record(body: str, message_id: str) -> Any:
+    try:
+        return process_body(body)
+    except PermanentError as exc:
+        dead_letter(body, str(exc), message_id)
+        return None
