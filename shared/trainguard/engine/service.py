@@ -26,6 +26,9 @@ from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, Obj
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
+#: an outbox entry older than this was left by an invocation that died before publishing;
+#: younger ones are being published by the invocation that wrote them
+OUTBOX_ORPHAN_AFTER_S = 30.0
 
 
 class PermanentError(Exception):
@@ -165,7 +168,9 @@ class EvaluateService:
         job = loaded.state.job
         if consumed:
             self.store.delete_steps(job, consumed)
-        pending = {**loaded.outbox, **new_events}
+        cutoff = self.clock() - OUTBOX_ORPHAN_AFTER_S
+        orphans = {k: detail for k, (detail, created) in loaded.outbox.items() if created < cutoff}
+        pending = {**orphans, **new_events}
         if pending:
             self.publisher.publish(list(pending.values()))
             self.store.delete_outbox(job, pending.keys())

@@ -45,7 +45,8 @@ class Loaded:
     state: JobState
     version: int
     arrivals: list[StepArrival] = field(default_factory=list)
-    outbox: dict[str, str] = field(default_factory=dict)
+    #: event id -> (detail JSON, time the status change was committed)
+    outbox: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: a bounded read stopped early: more items exist
     truncated: bool = False
 
@@ -97,7 +98,7 @@ class StateStore:
         state = JobState(job=job)
         version = 0
         arrivals: list[StepArrival] = []
-        outbox: dict[str, str] = {}
+        outbox: dict[str, tuple[str, float]] = {}
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": "pk = :pk",
@@ -118,7 +119,8 @@ class StateStore:
                 elif sk.startswith(STEP_PREFIX):
                     arrivals.append(_arrival(sk, item))
                 elif sk.startswith(OUTBOX_PREFIX):
-                    outbox[sk[len(OUTBOX_PREFIX) :]] = item["detail"]["S"]
+                    created = float(item["created"]["N"]) if "created" in item else 0.0
+                    outbox[sk[len(OUTBOX_PREFIX) :]] = (item["detail"]["S"], created)
             if "LastEvaluatedKey" not in page:
                 break
             if count >= MAX_ITEMS_PER_LOAD:
@@ -166,6 +168,7 @@ class StateStore:
                         "pk": {"S": pk(state.job)},
                         "sk": {"S": OUTBOX_PREFIX + event_id},
                         "detail": {"S": detail},
+                        "created": {"N": repr(now)},
                     }}})
                 self.client.transact_write_items(TransactItems=items)
         except self.client.exceptions.ConditionalCheckFailedException:
