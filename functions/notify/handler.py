@@ -10,4 +10,4 @@ logger = Logger(service="trainguard-notify")
 
 @logger.inject_lambda_context
 def handler(event: dict, context: LambdaContext) -> dict:
-    return handle_event(event)
+    return handle_event(event, context)

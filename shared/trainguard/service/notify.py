@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainguard.engine.events import RuleStatusDetail
 from trainguard.service.alerts import render
@@ -38,7 +39,7 @@ def publish(detail: RuleStatusDetail) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def _once() -> Callable[..., dict[str, Any]]:
+def _once() -> tuple[Callable[..., dict[str, Any]], Any]:
     from aws_lambda_powertools.utilities.idempotency import (
         DynamoDBPersistenceLayer,
         IdempotencyConfig,
@@ -59,9 +60,12 @@ def _once() -> Callable[..., dict[str, Any]]:
     def publish_once(detail: dict[str, Any]) -> dict[str, Any]:
         return publish(RuleStatusDetail.model_validate(detail))
 
-    return publish_once
+    return publish_once, config
 
 
-def handle_event(event: dict[str, Any]) -> dict[str, Any]:
+def handle_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     detail = RuleStatusDetail.model_validate(event["detail"])
-    return _once()(detail=detail.model_dump(mode="json"))
+    publish_once, config = _once()
+    if context is not None:
+        config.register_lambda_context(context)  # an in-progress record expires with the invocation
+    return publish_once(detail=detail.model_dump(mode="json"))
