@@ -16,7 +16,7 @@ from trainguard.format.documents import Manifest, StepHeader
 
 
 class RuleRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     name: str  # RuleConfigurationName
     rule: str  # rule_to_invoke
@@ -37,7 +37,7 @@ class RuleRecord(BaseModel):
 class JobInfo(BaseModel):
     """What the evaluation needs from the manifest."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     world_size: int
     rules: list[dict[str, Any]] | None = None
@@ -55,7 +55,7 @@ class JobInfo(BaseModel):
 
 
 class JobState(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     job: str
     info: JobInfo | None = None

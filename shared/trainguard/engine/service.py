@@ -82,26 +82,44 @@ class EvaluateService:
         self.clock = clock
         self.s3_requests = 0
 
-    # entry point ------------------------------------------------------------------------
+    # entry points -----------------------------------------------------------------------
     def handle_object(self, bucket: str, key: str) -> Result:
+        """Ingest one object and evaluate its job (what one SQS record asks for)."""
+        job = self.ingest(bucket, key)
+        if job is None:
+            return Result(parse_key(key, self.ingest_prefix).job, "ignored")
+        return self.advance_job(job)
+
+    def ingest(self, bucket: str, key: str) -> str | None:
+        """Record one object; return the job to advance (None: nothing to evaluate).
+
+        A batch ingests all its objects first and then advances each job once, so ten
+        step objects of one job cost one read-modify-write of its state, not ten.
+        """
         try:
             ref = parse_key(key, self.ingest_prefix)
         except LayoutError as exc:
             raise PermanentError(str(exc)) from None
         if ref.kind is ObjectKind.STEP:
-            return self._on_step(bucket, key, ref)
+            self._on_step(bucket, key, ref)
+            return ref.job
         if ref.kind is ObjectKind.MANIFEST:
             manifest = read_manifest(self._document(bucket, key))
             if manifest.job != ref.job:
                 raise PermanentError(f"manifest names job {manifest.job!r} but lies under {ref.job!r}")
-            return self._update(ref, lambda s: apply_manifest(s, manifest, self.clock()))
+            self._update(ref, lambda s: apply_manifest(s, manifest, self.clock()))
+            return None
         if ref.kind is ObjectKind.END:
             marker = read_end(self._document(bucket, key))
             if (marker.job, marker.worker) != (ref.job, ref.worker):
                 raise PermanentError(f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}")
-            return self._update(ref, lambda s: apply_end(s, marker))
+            self._update(ref, lambda s: apply_end(s, marker))
+            return None
         # system samples are evaluated by the profiler path; stop signals and reports are ours
-        return Result(ref.job, ref.kind.value)
+        return None
+
+    def advance_job(self, job: str) -> Result:
+        return self._update(ObjectRef(job, ObjectKind.STEP), lambda s: Outcome(s))
 
     def request_stop(self, job: str) -> Result:
         ref = ObjectRef(job, ObjectKind.STOP)
@@ -117,7 +135,7 @@ class EvaluateService:
         except self.s3.exceptions.NoSuchKey:
             raise PermanentError(f"{key} no longer exists") from None
 
-    def _on_step(self, bucket: str, key: str, ref: ObjectRef) -> Result:
+    def _on_step(self, bucket: str, key: str, ref: ObjectRef) -> None:
         self.s3_requests += 1
         try:
             head, size = read_head(self.s3, bucket, key)
@@ -135,7 +153,6 @@ class EvaluateService:
             reason = arrival.bad
             self._update(ref, lambda s: record_invalid(s, reason))
             raise PermanentError(reason)
-        return self._update(ref, lambda s: Outcome(s))
 
     def _update(self, ref: ObjectRef, mutate: Callable[[JobState], Outcome]) -> Result:
         """Read-modify-write of the job with retries; then clean up and publish."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import logging
 from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import unquote_plus
 
-from trainguard.engine.service import EvaluateService, PermanentError, Publisher, Result
+from trainguard.engine.service import EvaluateService, PermanentError, Publisher
 from trainguard.engine.sources import ObjectError
 from trainguard.engine.store import StateStore
 from trainguard.service.clients import client
@@ -62,18 +62,44 @@ def s3_objects(body: str) -> list[tuple[str, str]]:
     return out
 
 
-def process_body(body: str) -> list[Result]:
-    """Handle one SQS message body; PermanentError names what was wrong."""
-    results: list[Result] = []
+def ingest_body(body: str) -> set[str]:
+    """Record the objects of one SQS message; return the jobs to advance.
+
+    PermanentError names every object of the message that could not be used.
+    """
+    jobs: set[str] = set()
     problems: list[str] = []
     for bucket, key in s3_objects(body):
         try:
-            results.append(service().handle_object(bucket, key))
+            job = service().ingest(bucket, key)
         except (PermanentError, ObjectError) as exc:
             problems.append(f"{key}: {exc}")
+            continue
+        if job is not None:
+            jobs.add(job)
     if problems:
         raise PermanentError("; ".join(problems)[:4000])
-    return results
+    return jobs
+
+
+def ingest_record(body: str, message_id: str) -> set[str]:
+    try:
+        return ingest_body(body)
+    except PermanentError as exc:
+        dead_letter(body, str(exc), message_id)
+        return set()
+
+
+def advance_jobs(touched: dict[str, list[str]]) -> list[str]:
+    """Advance each job once; return the message ids of jobs that could not be advanced."""
+    failed: list[str] = []
+    for job, message_ids in touched.items():
+        try:
+            service().advance_job(job)
+        except Exception:
+            logger.exception("advancing job %s failed; its messages will be redelivered", job)
+            failed.extend(message_ids)
+    return failed
 
 
 def dead_letter(message_body: str, reason: str, message_id: str) -> None:
@@ -90,11 +116,3 @@ def dead_letter(message_body: str, reason: str, message_id: str) -> None:
             "source_message_id": {"DataType": "String", "StringValue": message_id or "unknown"},
         },
     )
-
-
-def handle_record(body: str, message_id: str) -> Any:
-    try:
-        return process_body(body)
-    except PermanentError as exc:
-        dead_letter(body, str(exc), message_id)
-        return None
