@@ -10,24 +10,28 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# Re-installs only when the project's dependencies change.
+$(VENV)/.installed: pyproject.toml $(BIN)/python
 	$(BIN)/pip install -q "torch==2.13.0" -e ".[dev,torch]"
+	touch $@
+
+setup: $(VENV)/.installed
 
 demo: setup
 	$(BIN)/trainguard demo
 
-test:
+test: setup
 	$(BIN)/python -m pytest
 
-lint:
+lint: setup
 	$(BIN)/ruff check shared functions infra tests bench
 	$(BIN)/ruff format --check shared functions infra tests bench
 	$(BIN)/mypy
 
-synth:
+synth: setup
 	$(BIN)/python infra/app.py
 
-bench:
+bench: setup
 	$(BIN)/python bench/hook_overhead.py
 	$(BIN)/python bench/pipeline.py
 
