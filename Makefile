@@ -24,8 +24,8 @@ test: setup
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check shared functions infra tests bench
-	$(BIN)/ruff format --check shared functions infra tests bench
+	$(BIN)/ruff check shared functions infra layers tests bench examples
+	$(BIN)/ruff format --check shared functions infra layers tests bench examples
 	$(BIN)/mypy
 
 synth: setup

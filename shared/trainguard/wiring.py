@@ -65,6 +65,28 @@ class BusRuleSpec:
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    name: str
+    partition_key: str
+    sort_key: str
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The state table: one partition per job (see trainguard.engine.store)."""
+
+    partition_key: str = "pk"
+    sort_key: str = "sk"
+    #: Powertools idempotency records expire through this attribute
+    ttl_attribute: str = "expires_at"
+    #: sparse index of unfinished jobs, for the schedule's tick (KEYS_ONLY)
+    indexes: tuple[IndexSpec, ...] = (IndexSpec("active-jobs", "active", "pk"),)
+
+
+TABLE = TableSpec()
+
+
+@dataclass(frozen=True)
 class Wiring:
     ingest_prefix: str
     queues: tuple[QueueSpec, ...]
@@ -114,6 +136,15 @@ WIRING = Wiring(
             memory_mb=256,
             description="Formats rule alerts and publishes them to SNS once per transition",
             grants=("topic:publish", "table:readwrite"),
+        ),
+        FunctionSpec(
+            "clock",
+            handler="handler.handler",
+            timeout_s=60,
+            memory_mb=512,
+            description="Every minute: rules that fire on missing data (StalledTrainingRule) check the time",
+            grants=("table:readwrite", "bus:put"),
+            schedule_minutes=1,
         ),
         FunctionSpec(
             "stop_job",

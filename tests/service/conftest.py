@@ -14,6 +14,7 @@ from moto import mock_aws
 
 from trainguard.engine.service import EvaluateService, Publisher
 from trainguard.engine.store import StateStore
+from trainguard.local.runtime import create_table
 
 
 @dataclass
@@ -77,12 +78,7 @@ def make_aws() -> Aws:
     events = boto3.client("events", region_name="us-east-1")
     sqs = boto3.client("sqs", region_name="us-east-1")
     s3.create_bucket(Bucket="tg-data")
-    ddb.create_table(
-        TableName="tg-state",
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_table(ddb, "tg-state")
     events.create_event_bus(Name="tg-bus")
     url = sqs.create_queue(QueueName="tg-capture")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]

@@ -124,3 +124,4 @@ def test_unknown_rule_and_bad_parameter_are_error_statuses(cloud):
     assert final["typo"]["RuleEvaluationStatus"] == "Error"
     assert "num_steps" in final["typo"]["StatusDetails"]
     assert final["fine"]["RuleEvaluationStatus"] == "NoIssuesFound"
+

@@ -46,6 +46,7 @@ def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
         return Outcome(state)  # a duplicate delivery, or a rewritten manifest: the first one counts
     new = state.model_copy(deep=True)
     new.info = JobInfo.from_manifest(manifest)
+    new.created = manifest.created
     out = Outcome(new, changed=True)
     for configured in _configured(new.info):
         record = RuleRecord(
@@ -90,6 +91,33 @@ def request_stop(state: JobState, now: float) -> Outcome:
     for record in new.rules:
         if record.status == "InProgress":
             _set_status(out, record, "Stopping", "The job is being stopped by a trainguard action.", now)
+    return out
+
+
+def apply_clock(state: JobState, now: float) -> Outcome:
+    """A timer tick: rules that fire on the absence of data (``check(state, now)``) look now.
+
+    Their verdict depends on the clock, so they are the one thing a replay of stored data
+    cannot reproduce; every other rule's verdict is independent of when the tick runs.
+    """
+    if state.info is None or state.finished:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    out = Outcome(new)
+    configured = {c.configuration_name: c for c in _configured(new.info)}
+    for record in new.rules:
+        rule = configured[record.name].rule if record.name in configured else None
+        check = getattr(rule, "check", None)
+        if record.status != "InProgress" or rule is None or check is None:
+            continue
+        try:
+            rule_state, findings = check(rule.load_state(record.state), now, started=new.created)
+            record.state = rule.dump_state(rule_state)
+        except Exception as exc:
+            _set_status(out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now)
+            continue
+        if findings:
+            _fire(out, record, findings[0], now)
     return out
 
 

@@ -72,6 +72,8 @@ class JobState(BaseModel):
     stop_requested: bool = False
     finished: bool = False
     steps_evaluated: int = 0
+    #: when the job started (its manifest's time): clock rules measure from here before any step
+    created: float | None = None
     #: wall time of the newest data seen (for clock-driven rules)
     last_data_time: float | None = None
     #: objects that could not be read, with the reason (bounded)

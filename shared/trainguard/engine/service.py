@@ -17,7 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.engine.evaluator import Outcome, advance, apply_end, apply_manifest, build_event, record_invalid, request_stop
+from trainguard.engine.evaluator import (
+    Outcome,
+    advance,
+    apply_clock,
+    apply_end,
+    apply_manifest,
+    build_event,
+    record_invalid,
+    request_stop,
+)
 from trainguard.engine.model import JobState, StepArrival
 from trainguard.engine.sources import ObjectError, read_document, read_end, read_head, read_manifest, step_arrival
 from trainguard.engine.store import HeaderTooLarge, Loaded, StateStore, VersionConflict
@@ -120,6 +129,13 @@ class EvaluateService:
 
     def advance_job(self, job: str) -> Result:
         return self._update(ObjectRef(job, ObjectKind.STEP), lambda s: Outcome(s))
+
+    def tick(self) -> list[Result]:
+        """The schedule's tick: clock-driven rules of every active job look at the time."""
+        return [
+            self._update(ObjectRef(job, ObjectKind.STEP), lambda s: apply_clock(s, self.clock()))
+            for job in self.store.active_jobs()
+        ]
 
     def request_stop(self, job: str) -> Result:
         ref = ObjectRef(job, ObjectKind.STOP)

@@ -26,6 +26,8 @@ from trainguard.format.documents import StepHeader
 STATE_SK = "STATE"
 STEP_PREFIX = "STEP#"
 OUTBOX_PREFIX = "OUTBOX#"
+ACTIVE = "1"
+ACTIVE_INDEX = "active-jobs"  # declared in trainguard.wiring.TABLE
 #: a buffered header above this is refused (DynamoDB items stop at 400 KB)
 MAX_BUFFERED_HEADER_BYTES = 300 * 1024
 #: at most this many items read per evaluation (bounded work per invocation)
@@ -150,6 +152,9 @@ class StateStore:
             "updated": {"N": repr(now)},
             "training_status": {"S": state.training_status},
         }
+        if not state.finished:
+            # sparse index of running jobs, for the schedule's tick (finished jobs drop out)
+            state_item["active"] = {"S": ACTIVE}
         if version == 0:
             condition: dict[str, Any] = {"ConditionExpression": "attribute_not_exists(pk)"}
         else:
@@ -199,6 +204,24 @@ class StateStore:
                 if not pending:
                     break
             # anything still unprocessed is harmless: stale steps are ignored and re-deleted later
+
+    def active_jobs(self, limit: int = 10_000) -> list[str]:
+        """Jobs not finished yet, from the sparse ``active-jobs`` index (keys only)."""
+        jobs: list[str] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": ACTIVE_INDEX,
+            "KeyConditionExpression": "active = :a",
+            "ExpressionAttributeValues": {":a": {"S": ACTIVE}},
+        }
+        while len(jobs) < limit:
+            self.requests += 1
+            page = self.client.query(**kwargs)
+            jobs.extend(item["pk"]["S"][len("JOB#") :] for item in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return jobs
 
     def list_jobs(self, limit: int = 1000) -> list[JobState]:
         """Every job's state (for ``trainguard status``): a filtered scan, fine at CLI scale."""

@@ -23,11 +23,14 @@ STOP_FORMAT = "trainguard.stop/1"
 MAX_DOCUMENT_BYTES = 1024 * 1024  # manifests, end markers and stop signals are tiny
 MAX_UNITS = 65_536
 MAX_BINS = 256
+MAX_VALUES = 4096
+MAX_VALUE_COUNTS = 256
 
 Mode = Literal["TRAIN", "EVAL", "PREDICT", "GLOBAL"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=stepfile.MAX_NAME_CHARS)]
 JobName = Annotated[str, AfterValidator(validate_job_name)]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
+Count = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -66,6 +69,15 @@ class TensorStats(_Strict):
     band: tuple[float, float] | None = None
     #: samples in the batch the statistics came from (first dimension)
     samples: int | None = Field(default=None, ge=0)
+    #: weights: L2 norm of the change since this worker last saved the same tensor,
+    #: ``||W_step - W_prev_saved||`` (WeightUpdateRatio); None on the first save
+    update_l2: float | None = None
+    #: small tensors only (labels, predictions, XGBoost importances): every element,
+    #: flattened row-major (``TensorRecord.shape`` gives the layout) (ClassImbalance, Confusion)
+    values: list[float] | None = Field(default=None, max_length=MAX_VALUES)
+    #: integer-valued inputs (token ids): element value (as a decimal string) -> count, for at
+    #: most MAX_VALUE_COUNTS of the most frequent values (NLPSequenceRatio)
+    value_counts: dict[str, Count] | None = Field(default=None, max_length=MAX_VALUE_COUNTS)
 
 
 class TensorRecord(_Strict):

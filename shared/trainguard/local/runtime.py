@@ -26,8 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from trainguard import service
 from trainguard.service import clients
-from trainguard.wiring import WIRING, BusRuleSpec, Wiring
+from trainguard.wiring import TABLE, WIRING, BusRuleSpec, Wiring
 
 logger = logging.getLogger("trainguard.local")
 
@@ -38,6 +39,34 @@ DEMO_PHONE = "+15555550100"
 POLL_INTERVAL_S = 0.02
 #: local visibility timeout for a failed record before it is retried (AWS: the queue's)
 LOCAL_RETRY_DELAY_S = 1
+
+
+def create_table(ddb: Any, name: str) -> None:
+    """The state table as ``trainguard.wiring.TABLE`` describes it."""
+    keys = {TABLE.partition_key, TABLE.sort_key} | {k for i in TABLE.indexes for k in (i.partition_key, i.sort_key)}
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[
+            {"AttributeName": TABLE.partition_key, "KeyType": "HASH"},
+            {"AttributeName": TABLE.sort_key, "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in sorted(keys)],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": index.name,
+                "KeySchema": [
+                    {"AttributeName": index.partition_key, "KeyType": "HASH"},
+                    {"AttributeName": index.sort_key, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+            for index in TABLE.indexes
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    ddb.update_time_to_live(
+        TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TABLE.ttl_attribute}
+    )
 
 
 def repo_root() -> Path:
@@ -130,11 +159,14 @@ class LocalCloud:
         name: str = "trainguard-local",
         custom_actions: list[CustomAction] | None = None,
         observe: bool = True,
+        clock_speedup: float = 1.0,
     ) -> None:
         self.wiring = wiring
         self.name = name
         self.custom_actions = custom_actions or []
         self.observe = observe
+        #: run scheduled functions this many times faster than their rate (demos, tests)
+        self.clock_speedup = clock_speedup
         self.server: Any = None
         self.resources: Resources | None = None
         self._threads: list[threading.Thread] = []
@@ -166,7 +198,7 @@ class LocalCloud:
                 "AWS_PROFILE": None,
             }
         )
-        clients.reset()
+        service.reset()
         self.resources = self._provision(endpoint)
         self._set_env(self.resources.env())
         self._start_pollers()
@@ -183,10 +215,7 @@ class LocalCloud:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        clients.reset()
-        from trainguard.service import evaluate
-
-        evaluate.service.cache_clear()
+        service.reset()
 
     def __enter__(self) -> LocalCloud:
         self.start()
@@ -215,15 +244,7 @@ class LocalCloud:
             topic_arn="",
         )
         s3.create_bucket(Bucket=res.bucket)
-        ddb.create_table(
-            TableName=res.table,
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[
-                {"AttributeName": "pk", "AttributeType": "S"},
-                {"AttributeName": "sk", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_table(ddb, res.table)
         for queue in self.wiring.queues:
             dlq_url = sqs.create_queue(QueueName=f"{self.name}-{queue.id}-dlq")["QueueUrl"]
             dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -294,6 +315,8 @@ class LocalCloud:
         for fn in self.wiring.functions:
             if fn.queue is not None:
                 self._spawn(self._poll_sqs_trigger, fn.id, self.resources.queues[fn.queue], handlers[fn.id])
+            if fn.schedule_minutes is not None:
+                self._spawn(self._schedule, fn.id, fn.schedule_minutes * 60 / self.clock_speedup, handlers[fn.id])
         rules = {r.id: r for r in self.wiring.bus_rules}
         for rule_id, url in self.resources.targets.items():
             if rule_id == "observer":
@@ -353,6 +376,20 @@ class LocalCloud:
                 if not self._stop.is_set():
                     self.errors.append(f"poller {fid}: {exc}")
                     time.sleep(0.2)
+
+    def _schedule(self, fid: str, period_s: float, handler: Callable[[dict[str, Any], Any], Any]) -> None:
+        """EventBridge Scheduler's rate rule: the same event shape, every ``period_s``."""
+        while not self._stop.wait(period_s):
+            event = {
+                "version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
+                "account": ACCOUNT, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": REGION,
+                "resources": [f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{self.name}-{fid}"], "detail": {},
+            }
+            try:
+                self._invoke(fid, handler, event)
+            except Exception as exc:
+                self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
+                logger.exception("local %s invocation failed", fid)
 
     def _poll_bus_target(self, fid: str, url: str, handler: Callable[[dict[str, Any], Any], Any]) -> None:
         sqs = clients.client("sqs")

@@ -45,15 +45,21 @@ class RuleConfig(BaseModel):
     @classmethod
     def _sagemaker_strings(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: (None if isinstance(v, str) and v.strip() in ("None", "none", "null", "") else v)
-                    for k, v in data.items()}
+            return {
+                k: (None if isinstance(v, str) and v.strip() in ("None", "none", "null", "") else v)
+                for k, v in data.items()
+            }
         return data
 
 
 class RuleState(BaseModel):
-    """Base of every rule's state. Keep it bounded: it is stored per (job, rule)."""
+    """Base of every rule's state. Keep it bounded: it is stored per (job, rule).
 
-    model_config = ConfigDict(extra="forbid")
+    NaN and ±Inf (a diverged loss) are stored as the strings "NaN"/"Infinity", which
+    pydantic reads back as floats: JSON has no such numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,9 @@ class StepData:
                     ):
                         yield TensorView(name, m, header.worker, tensor)
 
-    def scalars(self, mode: Mode | None = None, collection: str | None = None) -> Iterator[tuple[Mode, str, int, ScalarRecord]]:
+    def scalars(
+        self, mode: Mode | None = None, collection: str | None = None
+    ) -> Iterator[tuple[Mode, str, int, ScalarRecord]]:
         for header in self.workers:
             for m, record in header.modes.items():
                 if mode is not None and m != mode:
@@ -163,7 +171,8 @@ class StepData:
         values = [
             s.value
             for _, name, _, s in self.scalars(mode)
-            if (use_losses_collection and "losses" in s.collections) or (pattern is not None and pattern.match(name))
+            if (use_losses_collection and "losses" in s.collections)
+            or (pattern is not None and pattern.match(name))
         ]
         return sum(values) / len(values) if values else None
 
@@ -211,8 +220,15 @@ class Rule(Generic[C, S]):
         return []
 
     # helpers ---------------------------------------------------------------------------
-    def finding(self, step: int, message: str, *, tensor: str | None = None,
-                value: float | None = None, threshold: float | None = None) -> Finding:
+    def finding(
+        self,
+        step: int,
+        message: str,
+        *,
+        tensor: str | None = None,
+        value: float | None = None,
+        threshold: float | None = None,
+    ) -> Finding:
         return Finding(self.name, step, message, tensor, value, threshold)
 
     def load_state(self, raw: dict[str, Any] | None) -> S:

@@ -45,8 +45,7 @@ class ConfiguredRule:
 
 def default_rule_configurations() -> list[dict[str, Any]]:
     return [
-        {"RuleConfigurationName": name, "RuleParameters": {"rule_to_invoke": name}}
-        for name in DEFAULT_RULES
+        {"RuleConfigurationName": name, "RuleParameters": {"rule_to_invoke": name}} for name in DEFAULT_RULES
     ]
 
 
@@ -57,7 +56,9 @@ def parse_rule_configurations(entries: list[dict[str, Any]] | None) -> list[Conf
     seen: set[str] = set()
     for index, entry in enumerate(raw):
         if index >= MAX_RULES_PER_JOB:
-            out.append(ConfiguredRule(f"rule-{index}", "?", error=f"more than {MAX_RULES_PER_JOB} rules in one job"))
+            out.append(
+                ConfiguredRule(f"rule-{index}", "?", error=f"more than {MAX_RULES_PER_JOB} rules in one job")
+            )
             break
         item = parse_one(entry, index)
         if item.configuration_name in seen:
@@ -91,14 +92,25 @@ def parse_one(entry: Any, index: int = 0) -> ConfiguredRule:
         actions = _parse_actions(entry.get("Actions"), action_json)
     except ValueError as exc:
         return ConfiguredRule(name, rule_name, params, error=str(exc))
-    extra = set(entry) - {"RuleConfigurationName", "RuleParameters", "Actions", "RuleEvaluatorImage",
-                          "InstanceType", "VolumeSizeInGB", "LocalPath", "S3OutputPath"}
+    extra = set(entry) - {
+        "RuleConfigurationName",
+        "RuleParameters",
+        "Actions",
+        "RuleEvaluatorImage",
+        "InstanceType",
+        "VolumeSizeInGB",
+        "LocalPath",
+        "S3OutputPath",
+    }
     if extra:
         return ConfiguredRule(name, rule_name, params, actions, error=f"unknown keys {sorted(extra)}")
     cls = RULES.get(rule_name)
     if cls is None:
         return ConfiguredRule(
-            name, rule_name, params, actions,
+            name,
+            rule_name,
+            params,
+            actions,
             error=f"unknown rule {rule_name!r}; run 'trainguard rules' for the list",
         )
     try:
@@ -108,7 +120,9 @@ def parse_one(entry: Any, index: int = 0) -> ConfiguredRule:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'parameters'}: {e['msg']}" for e in exc.errors()[:5]
         )
-        return ConfiguredRule(name, rule_name, params, actions, error=f"bad parameter for {rule_name}: {problems}")
+        return ConfiguredRule(
+            name, rule_name, params, actions, error=f"bad parameter for {rule_name}: {problems}"
+        )
     except ValueError as exc:
         return ConfiguredRule(name, rule_name, params, actions, error=f"bad parameter for {rule_name}: {exc}")
     return ConfiguredRule(name, rule_name, params, actions, rule=rule)

@@ -1,0 +1,12 @@
+"""The training-side hook: ``Hook``, save configurations, collections, the stop request.
+
+Importing this package imports numpy and pydantic only; PyTorch is imported when a module
+is registered, boto3 when the first object is written to S3.
+"""
+
+from __future__ import annotations
+
+from trainguard.hook.config import Collection, CollectionKeys, SaveConfig, SaveConfigMode
+from trainguard.hook.core import Hook, StopTrainingRequested
+
+__all__ = ["Collection", "CollectionKeys", "Hook", "SaveConfig", "SaveConfigMode", "StopTrainingRequested"]

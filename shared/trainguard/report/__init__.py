@@ -1,0 +1,69 @@
+"""The profiler report: ``generate_report("s3://bucket/jobs/my-job")`` writes
+``report/profiler-report.html`` next to the job's data (a local folder works the same way).
+
+Public API::
+
+    data = load_job_data(path_or_s3)          # system batches, scalars, manifest
+    html = build_report(data)                 # one self-contained HTML page
+    path = generate_report(path_or_s3)        # both, and write it (local path or s3:// URL)
+    main_report(["runs/my-job", "--out", "report.html"])   # for ``trainguard report``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from trainguard.format.layout import REPORT
+from trainguard.report.data import JobData, load_job_data
+from trainguard.report.html import build_report
+
+__all__ = ["JobData", "build_report", "generate_report", "load_job_data", "main_report"]
+
+
+def generate_report(
+    path_or_s3: str | os.PathLike[str], out_path: str | os.PathLike[str] | None = None, store: Any = None
+) -> str:
+    """Build the report of a job folder and write it.
+
+    Written to ``out_path`` (a local file) when given, else to ``report/profiler-report.html``
+    under the job folder (uploaded with content type text/html for ``s3://``). Returns where.
+    """
+    from trainguard.hook.storage import S3Store, open_store
+
+    url = os.fspath(path_or_s3)
+    store = store or open_store(url)
+    html = build_report(load_job_data(url, store=store)).encode()
+    if out_path is not None:
+        target = os.fspath(out_path)
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        with open(target, "wb") as fh:
+            fh.write(html)
+        return target
+    if isinstance(store, S3Store):  # a browser opening the object needs the content type
+        store.client.put_object(
+            Bucket=store.bucket, Key=store._key(REPORT), Body=html, ContentType="text/html; charset=utf-8"
+        )
+    else:
+        store.put(REPORT, html)
+    return f"{url.rstrip('/')}/{REPORT}"
+
+
+def main_report(argv: Sequence[str] | None = None) -> int:
+    """``trainguard report <job folder or s3://...> [--out FILE]``."""
+    parser = argparse.ArgumentParser(
+        prog="trainguard report", description="Write a job's profiler report (HTML)."
+    )
+    parser.add_argument("job", help="job folder: a local directory or s3://bucket/prefix/<job>")
+    parser.add_argument("--out", help="write the HTML here instead of <job>/report/profiler-report.html")
+    args = parser.parse_args(argv)
+    try:
+        where = generate_report(args.job, args.out)
+    except Exception as exc:
+        print(f"trainguard report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(where)
+    return 0

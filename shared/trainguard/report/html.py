@@ -1,0 +1,529 @@
+"""The profiler report: one self-contained HTML page (inline CSS and SVG; no scripts, no assets).
+
+Sections, as in SageMaker's profiling report: job summary (initialisation, training loop,
+finalisation), rules summary (what fired, when, what to do), system usage per node
+(p50/p95/p99/min/max), CPU/GPU utilisation and memory over time, I/O and network, step
+durations (statistics, histogram, outliers), and training scalars over steps.
+
+The rules summary comes from running :class:`~trainguard.rules.profiler.ProfilerReport` over
+the batches, so the report and the service judge the same data the same way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import numpy as np
+
+from trainguard.format.system import SystemBatch, SystemSample
+from trainguard.report.data import JobData
+from trainguard.report.svg import PALETTE, Series, histogram_plot, line_plot, phase_bar
+from trainguard.rules.profiler import ProfilerReport, RuleResult
+from trainguard.rules.profiler.step_outlier import WARMUP_STEPS
+from trainguard.version import __version__
+
+MAX_SCALAR_PLOTS = 12
+MAX_NODE_PLOTS = 16
+
+CSS = (
+    "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;"
+    "background:#f6f7f9;color:#1d2330}"
+    "main{max-width:960px;margin:0 auto;padding:24px} h1{font-size:24px;margin:0 0 4px}"
+    "h2{font-size:18px;margin:28px 0 8px;border-bottom:2px solid #dde1e7;padding-bottom:4px}"
+    "h3{font-size:15px;margin:18px 0 6px} .meta{color:#5b6475;font-size:13px}"
+    "section{background:#fff;border-radius:8px;padding:8px 18px 16px;margin-top:16px;"
+    "box-shadow:0 1px 2px rgba(0,0,0,.06)}"
+    "table{border-collapse:collapse;width:100%;font-size:13px;margin:6px 0}"
+    "th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e6e8ec;vertical-align:top}"
+    "th{background:#f0f2f5} td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    ".ok{color:#1a7f37;font-weight:600} .issue{color:#c62828;font-weight:600} .na{color:#6b7280}"
+    ".err{color:#b45309;font-weight:600} .cards{display:flex;gap:12px;flex-wrap:wrap}"
+    ".card{flex:1;min-width:150px;background:#f0f4fa;border-radius:6px;padding:8px 12px}"
+    ".card b{display:block;font-size:20px} .card span{font-size:12px;color:#5b6475}"
+    "svg{max-width:100%;height:auto} .small{font-size:12px;color:#5b6475}"
+)
+
+
+@dataclass
+class NodeSeries:
+    """One node's samples as arrays (time in seconds since the job start)."""
+
+    name: str
+    t: np.ndarray[Any, Any]
+    cpu: np.ndarray[Any, Any]
+    mem: np.ndarray[Any, Any]
+    iowait: np.ndarray[Any, Any]
+    rates: dict[str, np.ndarray[Any, Any]]
+    gpu_util: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)
+    gpu_mem: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)
+    gpu_t: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)
+    cores: int = 0
+
+
+@dataclass
+class Timeline:
+    start: float | None
+    first_step: float | None
+    last_step_end: float | None
+    end: float | None
+
+    def phases(self) -> tuple[float, float, float] | None:
+        if self.start is None or self.end is None:
+            return None
+        if self.first_step is None or self.last_step_end is None:
+            return (self.end - self.start, 0.0, 0.0)
+        return (
+            max(0.0, self.first_step - self.start),
+            max(0.0, self.last_step_end - self.first_step),
+            max(0.0, self.end - self.last_step_end),
+        )
+
+
+def ordered_batches(batches: Sequence[SystemBatch]) -> list[SystemBatch]:
+    """Each worker's batches in seq order, workers interleaved by time (duplicates dropped)."""
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for b in sorted(batches, key=lambda b: (b.worker, b.seq)):
+        if (b.worker, b.seq) not in seen:
+            seen.add((b.worker, b.seq))
+            unique.append(b)
+    by_worker: dict[int, list[SystemBatch]] = {}
+    for b in unique:
+        by_worker.setdefault(b.worker, []).append(b)
+    # merge keeps each worker's seq order even if its wall clock stepped back
+    out = list(heapq.merge(*by_worker.values(), key=lambda b: b.end_time))
+    return out
+
+
+def timeline(batches: Sequence[SystemBatch]) -> Timeline:
+    starts = [b.init.hook_start for b in batches if b.init is not None]
+    starts += [s.t for b in batches[:1] for s in b.samples[:1]]
+    starts += [b.start_time for b in batches]
+    first = [e.start for b in batches for e in b.steps]
+    first += [b.init.first_step_start for b in batches if b.init and b.init.first_step_start is not None]
+    ends = [e.end for b in batches for e in b.steps]
+    end = [b.end_time for b in batches]
+    return Timeline(
+        min(starts) if starts else None,
+        min(first) if first else None,
+        max(ends) if ends else None,
+        max(end) if end else None,
+    )
+
+
+def node_series(batches: Sequence[SystemBatch], t0: float) -> list[NodeSeries]:
+    """Samples per node (host). When several workers of a host sampled it, the lowest rank's are used."""
+    owner: dict[str, int] = {}
+    samples: dict[str, list[SystemSample]] = {}
+    for b in sorted(batches, key=lambda b: (b.worker, b.seq)):
+        if not b.samples:
+            continue
+        name = b.host or f"worker-{b.worker}"
+        if owner.setdefault(name, b.worker) != b.worker:
+            continue
+        samples.setdefault(name, []).extend(b.samples)
+    out = []
+    for name, items in sorted(samples.items()):
+        items.sort(key=lambda s: s.t)
+        t = np.array([s.t - t0 for s in items])
+        node = NodeSeries(
+            name=name,
+            t=t,
+            cpu=np.array([s.cpu_total for s in items]),
+            mem=np.array([s.mem_used_percent for s in items]),
+            iowait=np.array([s.iowait_percent for s in items]),
+            rates={
+                "disk read": np.array([s.disk_read_bytes_s for s in items]),
+                "disk write": np.array([s.disk_write_bytes_s for s in items]),
+                "network rx": np.array([s.net_rx_bytes_s for s in items]),
+                "network tx": np.array([s.net_tx_bytes_s for s in items]),
+            },
+            cores=max((len(s.cpu_percent) for s in items), default=0),
+        )
+        gpu_points: dict[int, list[tuple[float, float, float]]] = {}
+        for s in items:
+            for g in s.gpus or ():
+                gpu_points.setdefault(g.index, []).append((s.t - t0, g.util_percent, g.mem_used_percent))
+        for index, pts in sorted(gpu_points.items()):
+            arr = np.array(pts)
+            node.gpu_t[index], node.gpu_util[index], node.gpu_mem[index] = arr[:, 0], arr[:, 1], arr[:, 2]
+        out.append(node)
+    return out
+
+
+def _stats(values: np.ndarray[Any, Any]) -> list[float]:
+    if values.size == 0:
+        return []
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return [float(p50), float(p95), float(p99), float(values.min()), float(values.max())]
+
+
+def _num(value: float, unit: str = "") -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if unit == "B/s":
+        for scale, name in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {name}"
+        return f"{value:.0f} B/s"
+    if unit == "s":
+        if value >= 120:
+            return f"{value / 60:.1f} min"
+        return f"{value:.3g} s" if value < 10 else f"{value:.1f} s"
+    return f"{value:.1f}{unit}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+def _stamp(t: float | None) -> str:
+    if t is None:
+        return "n/a"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _summary_section(data: JobData, tl: Timeline, batches: Sequence[SystemBatch], steps: int) -> str:
+    phases = tl.phases()
+    workers = sorted({b.worker for b in batches})
+    hosts = sorted({b.host or f"worker-{b.worker}" for b in batches})
+    interval = batches[0].interval_s if batches else None
+    cards = [
+        ("Total", _duration(None if tl.start is None or tl.end is None else tl.end - tl.start)),
+        ("Initialization", _duration(phases[0] if phases else None)),
+        ("Training loop", _duration(phases[1] if phases else None)),
+        ("Finalization", _duration(phases[2] if phases else None)),
+        ("Steps timed", f"{steps:,}"),
+    ]
+    parts = ['<section id="summary"><h2>Job summary</h2><div class="cards">']
+    parts += [f"<div class='card'><b>{escape(v)}</b><span>{escape(k)}</span></div>" for k, v in cards]
+    parts.append("</div>")
+    if phases:
+        parts.append(
+            phase_bar(
+                [
+                    ("initialization", phases[0], "#9467bd"),
+                    ("training loop", phases[1], "#2ca02c"),
+                    ("finalization", phases[2], "#ff7f0e"),
+                ]
+            )
+        )
+    rows = [
+        ("Job", data.job),
+        ("Start (hook started)", _stamp(tl.start)),
+        ("First step started", _stamp(tl.first_step)),
+        ("Last step ended", _stamp(tl.last_step_end)),
+        ("End (last data)", _stamp(tl.end)),
+        (
+            "Workers",
+            f"{len(workers)} ({', '.join(map(str, workers[:16]))}{'…' if len(workers) > 16 else ''})",
+        ),
+        ("Nodes", ", ".join(hosts[:16]) + ("…" if len(hosts) > 16 else "")),
+        ("Sampling interval", "n/a" if interval is None else f"{interval:g} s"),
+        ("System batches read", f"{len(batches):,}"),
+    ]
+    if data.manifest is not None:
+        frameworks = ", ".join(f"{f.name} {f.version or ''}".strip() for f in data.manifest.frameworks)
+        rows.append(("Frameworks", frameworks or "n/a"))
+    parts.append("<table>")
+    parts += [f"<tr><th style='width:220px'>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows]
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def _rules_section(results: list[RuleResult], t0: float | None) -> str:
+    fired = [r for r in results if r.status == "IssuesFound"]
+    parts = ['<section id="rules"><h2>Rules summary</h2>']
+    parts.append(
+        f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues. "
+        "Rules are evaluated on the same data and in the same way as the trainguard service.</p>"
+    )
+    parts.append(
+        "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
+    )
+    order = sorted(results, key=lambda r: (r.status != "IssuesFound", r.status != "Error", r.name))
+    for r in order:
+        if r.status == "IssuesFound" and r.finding is not None:
+            status = "<span class='issue'>Issues found</span>"
+            when = f"step {r.finding.step}"
+            if r.finding.time is not None and t0 is not None:
+                when += f"<br><span class='small'>after {_duration(r.finding.time - t0)}</span>"
+            details = escape(r.finding.message)
+            advice = escape(r.advice)
+        elif r.status == "Error":
+            status, when, details, advice = "<span class='err'>Error</span>", "", escape(r.error or ""), ""
+        else:
+            note = r.notes.get("note")
+            status = "<span class='na'>Not applicable</span>" if note else "<span class='ok'>No issues</span>"
+            if r.name == "OverallSystemUsage":  # never fires: its numbers are the usage tables below
+                status = "<span class='na'>Summary</span>"
+            when = ""
+            details = escape(note) if note else escape(r.summary)
+            advice = ""
+        parts.append(
+            f"<tr><td><b>{escape(r.name)}</b></td><td>{status}</td><td>{when}</td><td>{details}</td>"
+            f"<td>{advice}</td></tr>"
+        )
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def _usage_section(nodes: list[NodeSeries]) -> str:
+    parts = ['<section id="usage"><h2>System usage statistics</h2>']
+    if not nodes:
+        parts.append("<p class='na'>No system samples were recorded.</p></section>")
+        return "".join(parts)
+    for node in nodes[:MAX_NODE_PLOTS]:
+        parts.append(
+            f"<h3>Node {escape(node.name)}</h3><p class='small'>{node.t.size:,} samples, "
+            f"{node.cores} CPU cores, "
+            f"{len(node.gpu_util)} GPUs{' (absent: not measured)' if not node.gpu_util else ''}</p>"
+        )
+        parts.append(
+            "<table><tr><th>Metric</th><th>p50</th><th>p95</th><th>p99</th><th>min</th><th>max</th></tr>"
+        )
+        rows: list[tuple[str, np.ndarray[Any, Any], str]] = [("CPU utilisation", node.cpu, "%")]
+        for index, util in node.gpu_util.items():
+            rows.append((f"GPU {index} utilisation", util, "%"))
+        rows.append(("Memory used", node.mem, "%"))
+        for index, mem in node.gpu_mem.items():
+            rows.append((f"GPU {index} memory used", mem, "%"))
+        rows.append(("I/O wait", node.iowait, "%"))
+        rows += [(name.capitalize(), values, "B/s") for name, values in node.rates.items()]
+        for label, values, unit in rows:
+            stats = _stats(values)
+            cells = "".join(f"<td class='num'>{_num(v, unit)}</td>" for v in stats)
+            parts.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
+        parts.append("</table>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _timeseries_section(nodes: list[NodeSeries]) -> str:
+    parts = ['<section id="utilization"><h2>CPU and GPU utilisation over time</h2>']
+    if not nodes:
+        parts.append("<p class='na'>No system samples were recorded.</p></section>")
+        return "".join(parts)
+    for node in nodes[:MAX_NODE_PLOTS]:
+        minutes = node.t / 60.0
+        util = [Series("CPU total", minutes, node.cpu, PALETTE[0])]
+        util += [
+            Series(f"GPU {i}", node.gpu_t[i] / 60.0, u, PALETTE[(i + 1) % len(PALETTE)])
+            for i, u in node.gpu_util.items()
+        ]
+        parts.append(
+            line_plot(
+                util,
+                title=f"{node.name}: utilisation",
+                x_label="minutes since start",
+                x_min=0,
+                y_label="%",
+                y_min=0,
+                y_max=100,
+            )
+        )
+        mem = [
+            Series("memory", minutes, node.mem, PALETTE[0]),
+            Series("I/O wait", minutes, node.iowait, "#7f7f7f"),
+        ]
+        mem += [
+            Series(f"GPU {i} memory", node.gpu_t[i] / 60.0, m, PALETTE[(i + 1) % len(PALETTE)])
+            for i, m in node.gpu_mem.items()
+        ]
+        parts.append(
+            line_plot(
+                mem,
+                title=f"{node.name}: memory and I/O wait",
+                x_label="minutes since start",
+                x_min=0,
+                y_label="%",
+                y_min=0,
+                y_max=100,
+            )
+        )
+        rates = [
+            Series(name, minutes, values / 1e6, PALETTE[(k + 2) % len(PALETTE)])
+            for k, (name, values) in enumerate(node.rates.items())
+        ]
+        parts.append(
+            line_plot(
+                rates,
+                title=f"{node.name}: disk and network",
+                x_label="minutes since start",
+                x_min=0,
+                y_label="MB/s",
+                y_min=0,
+                height=220,
+            )
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _steps_section(batches: Sequence[SystemBatch], t0: float) -> tuple[str, int]:
+    # (worker, step, duration, start since t0, data wait) per mode
+    by_mode: dict[str, list[tuple[int, int, float, float, float]]] = {}
+    for b in batches:
+        for e in b.steps:
+            by_mode.setdefault(e.mode, []).append(
+                (b.worker, e.step, e.end - e.start, e.start - t0, e.data_wait_s)
+            )
+    total = sum(len(v) for v in by_mode.values())
+    parts = ['<section id="steps"><h2>Step durations</h2>']
+    if not by_mode:
+        parts.append("<p class='na'>No step timings were recorded.</p></section>")
+        return "".join(parts), 0
+    parts.append(
+        "<table><tr><th>Mode</th><th>Steps (all workers)</th><th>mean</th><th>p50</th><th>p95</th>"
+        "<th>p99</th>"
+        "<th>max</th><th>Outliers (&gt; mean + 3·std)</th><th>Waiting for data</th></tr>"
+    )
+    plots = []
+    for mode in ("TRAIN", "EVAL", "PREDICT", "GLOBAL"):
+        events = by_mode.get(mode)
+        if not events:
+            continue
+        d = np.array([e[2] for e in events])
+        wait = float(sum(e[4] for e in events))
+        mean, std = float(d.mean()), float(d.std())
+        limit = mean + 3 * std
+        outliers = sorted((e for e in events if e[2] > limit), key=lambda e: -e[2])
+        p50, p95, p99 = (float(x) for x in np.percentile(d, [50, 95, 99]))
+        busy = wait + float(d.sum())
+        share = 100.0 * wait / busy if busy > 0 else 0.0
+        parts.append(
+            f"<tr><td>{mode}</td><td class='num'>{d.size:,}</td><td class='num'>{_num(mean, 's')}</td>"
+            f"<td class='num'>{_num(p50, 's')}</td><td class='num'>{_num(p95, 's')}</td>"
+            f"<td class='num'>{_num(p99, 's')}</td><td class='num'>{_num(float(d.max()), 's')}</td>"
+            f"<td class='num'>{len(outliers)}</td><td class='num'>{share:.1f}%</td></tr>"
+        )
+        lo = float(d.min())
+        hi = min(float(d.max()), max(p99 * 1.25, limit * 1.1))
+        hi = max(hi, lo + 1e-6)
+        overflow = int((d > hi).sum())
+        counts, edges = np.histogram(d[d <= hi], bins=40, range=(lo, hi))
+        plots.append(
+            histogram_plot(
+                [float(x) for x in edges],
+                [int(c) for c in counts],
+                title=f"{mode} step duration histogram (red: above mean + 3·std = {_num(limit, 's')})",
+                x_label="seconds",
+                highlight_from=limit,
+                overflow=overflow,
+            )
+        )
+        workers = sorted({e[0] for e in events})
+        lines = []
+        for k, w in enumerate(workers[:8]):
+            mine = sorted((e for e in events if e[0] == w), key=lambda e: e[1])
+            lines.append(Series(f"worker {w}", [e[1] for e in mine], [e[2] for e in mine], PALETTE[k % 8]))
+        first, last = min(e[1] for e in events), max(e[1] for e in events)
+        lines.append(Series("mean + 3·std", [first, last], [limit, limit], "#000000"))
+        plots.append(
+            line_plot(
+                lines,
+                title=f"{mode} step duration by step" + (" (first 8 workers)" if len(workers) > 8 else ""),
+                x_label="step",
+                y_label="seconds",
+                y_min=0,
+                height=220,
+            )
+        )
+        if outliers:
+            rows = "".join(
+                f"<tr><td class='num'>{e[1]}</td><td class='num'>{e[0]}</td>"
+                f"<td class='num'>{_num(e[2], 's')}</td>"
+                f"<td class='num'>{_duration(e[3])}</td><td class='num'>{_num(e[4], 's')}</td></tr>"
+                for e in outliers[:10]
+            )
+            plots.append(
+                f"<h3>{mode}: slowest outlier steps</h3><table><tr><th>Step</th><th>Worker</th>"
+                "<th>Duration</th>"
+                f"<th>Started after</th><th>Waited for data</th></tr>{rows}</table>"
+            )
+    parts.append("</table>")
+    parts.append(
+        f"<p class='small'>StepOutlier judges each step against the steps before it, from the "
+        f"{WARMUP_STEPS + 1}th on; the table above uses the whole job's mean and std.</p>"
+    )
+    parts += plots
+    parts.append("</section>")
+    return "".join(parts), total
+
+
+def _scalars_section(scalars: dict[str, list[tuple[int, float]]]) -> str:
+    parts = ['<section id="scalars"><h2>Training scalars</h2>']
+    if not scalars:
+        parts.append("<p class='na'>No scalars (losses, metrics) were saved by the hook.</p></section>")
+        return "".join(parts)
+    # one plot per scalar name, its modes overlaid ("loss" and "loss (EVAL)")
+    groups: dict[str, list[str]] = {}
+    for name in scalars:
+        groups.setdefault(name.split(" (", 1)[0], []).append(name)
+    bases = sorted(groups, key=lambda n: ("loss" not in n.lower(), n))
+    for base in bases[:MAX_SCALAR_PLOTS]:
+        lines, bad, sparse = [], 0, False
+        for k, name in enumerate(groups[base]):
+            points = [(s, v) for s, v in scalars[name] if math.isfinite(v)]
+            bad += len(scalars[name]) - len(points)
+            sparse = sparse or len(points) < 60
+            lines.append(
+                Series(name, [p[0] for p in points], [p[1] for p in points], PALETTE[k % len(PALETTE)])
+            )
+        title = base + (f" ({bad} non-finite values not drawn)" if bad else "")
+        parts.append(line_plot(lines, title=title, x_label="step", height=220, step_lines=sparse))
+    if len(bases) > MAX_SCALAR_PLOTS:
+        parts.append(f"<p class='small'>{len(bases) - MAX_SCALAR_PLOTS} more scalars not shown.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def build_report(job_data: JobData, *, generated_at: float | None = None) -> str:
+    """Render the profiler report for a job as one self-contained HTML document."""
+    batches = ordered_batches(job_data.batches)
+    rule = ProfilerReport(ProfilerReport.Config())
+    state = rule.initial_state()
+    for b in batches:
+        state, _ = rule.update(state, b)
+    results = rule.results(state)
+    tl = timeline(batches)
+    t0 = tl.start if tl.start is not None else 0.0
+    nodes = node_series(batches, t0)
+    steps_html, step_count = _steps_section(batches, t0)
+    generated = _stamp(time.time() if generated_at is None else generated_at)
+    notes = "".join(f"<li>{escape(n)}</li>" for n in job_data.notes)
+    problems = "".join(f"<li>{escape(p)}</li>" for p in job_data.problems[:50])
+    extra = ""
+    if notes or problems:
+        extra = '<section id="data"><h2>Data notes</h2><ul>' + notes + problems + "</ul>"
+        if len(job_data.problems) > 50:
+            extra += f"<p class='small'>{len(job_data.problems) - 50} more unreadable objects.</p>"
+        extra += "</section>"
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>Profiler report: {escape(job_data.job)}</title><style>{CSS}</style></head><body><main>"
+        f"<h1>Profiler report: {escape(job_data.job)}</h1>"
+        f"<div class='meta'>Generated {escape(generated)} by trainguard {escape(__version__)}"
+        f"{' from ' + escape(job_data.source) if job_data.source else ''}</div>"
+        + _summary_section(job_data, tl, batches, step_count)
+        + _rules_section(results, tl.start)
+        + _usage_section(nodes)
+        + _timeseries_section(nodes)
+        + steps_html
+        + _scalars_section(job_data.scalars)
+        + extra
+        + "</main></body></html>"
+    )

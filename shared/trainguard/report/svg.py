@@ -1,0 +1,318 @@
+"""Small inline-SVG plots for the report: line plots, histograms, a phase bar.
+
+No plotting library and no JavaScript: each function returns an ``<svg>`` element as text,
+with axes, "nice" ticks and a legend, that renders the same in any browser or HTML viewer.
+Long series are reduced to at most :data:`MAX_POINTS` points per line, keeping each bucket's
+minimum and maximum so that spikes survive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+import numpy as np
+
+MAX_POINTS = 1600
+Values = Sequence[float] | np.ndarray[Any, Any]
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#7f7f7f",
+    "#bcbd22",
+    "#d62728",
+)
+FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif"
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    xs: Values
+    ys: Values
+    color: str | None = None
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """About ``count`` round tick values covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0]
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / max(1, count)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.ceil(lo / step - 1e-9) * step
+    ticks: list[float] = []
+    value = start
+    while value <= hi + step * 1e-9 and len(ticks) < 50:
+        ticks.append(round(value, 12))
+        value += step
+    return ticks
+
+
+def fmt_tick(value: float) -> str:
+    if value == 0:
+        return "0"
+    a = abs(value)
+    if a >= 1e9:
+        return f"{value / 1e9:g}G"
+    if a >= 1e6:
+        return f"{value / 1e6:g}M"
+    if a >= 1e4:
+        return f"{value / 1e3:g}k"
+    if a >= 1:
+        return f"{value:.4g}"
+    return f"{value:.3g}"
+
+
+def reduce_points(xs: Values, ys: Values, limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """At most ``limit`` points: per bucket, the min and the max in x order."""
+    points = [
+        (float(x), float(y)) for x, y in zip(xs, ys, strict=False) if math.isfinite(x) and math.isfinite(y)
+    ]
+    if len(points) <= limit:
+        return points
+    buckets = limit // 2
+    size = len(points) / buckets
+    out: list[tuple[float, float]] = []
+    for b in range(buckets):
+        chunk = points[int(b * size) : int((b + 1) * size)]
+        if not chunk:
+            continue
+        lo = min(chunk, key=lambda p: p[1])
+        hi = max(chunk, key=lambda p: p[1])
+        out.extend(sorted({lo, hi}))
+    return out
+
+
+def _frame(width: int, height: int, title: str, body: list[str]) -> str:
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" style="{FONT}">'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>'
+    )
+    return head + "".join(body) + "</svg>"
+
+
+def line_plot(
+    series: Sequence[Series],
+    *,
+    title: str = "",
+    width: int = 900,
+    height: int = 260,
+    x_label: str = "",
+    y_label: str = "",
+    y_min: float | None = None,
+    y_max: float | None = None,
+    x_min: float | None = None,
+    step_lines: bool = False,
+) -> str:
+    """Lines on shared axes. ``y_min``/``y_max`` fix the range (e.g. 0..100 for percentages)."""
+    left, right, top, bottom = 64, 16, 28, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    reduced = [(s, reduce_points(s.xs, s.ys)) for s in series]
+    all_x = [x for _, pts in reduced for x, _ in pts]
+    all_y = [y for _, pts in reduced for _, y in pts]
+    body: list[str] = []
+    if title:
+        body.append(f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>')
+    if not all_x:
+        body.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13" fill="#666">'
+            "no data</text>"
+        )
+        return _frame(width, height, title, body)
+    x0, x1 = min(all_x) if x_min is None else x_min, max(all_x)
+    if x1 <= x0:
+        x1 = x0 + 1
+    lo = min(all_y) if y_min is None else y_min
+    hi = max(all_y) if y_max is None else y_max
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    y_ticks = nice_ticks(lo, hi)
+    if y_min is None:
+        lo = min(lo, y_ticks[0])
+    if y_max is None:
+        hi = max(hi, y_ticks[-1])
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (min(max(y, lo), hi) - lo) / (hi - lo) * plot_h
+
+    for t in y_ticks:
+        if lo <= t <= hi:
+            y = sy(t)
+            body.append(
+                f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+            )
+            body.append(
+                f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{fmt_tick(t)}</text>'
+            )
+    for t in nice_ticks(x0, x1, 6):
+        if x0 <= t <= x1:
+            x = sx(t)
+            body.append(
+                f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" stroke="#333"/>'
+            )
+            body.append(
+                f'<text x="{x:.1f}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">'
+                f"{fmt_tick(t)}</text>"
+            )
+    body.append(
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+        'stroke="#333" stroke-width="1"/>'
+    )
+    if x_label:
+        body.append(
+            f'<text x="{left + plot_w / 2}" y="{height - 8}" font-size="11" text-anchor="middle">'
+            f"{escape(x_label)}</text>"
+        )
+    if y_label:
+        body.append(
+            f'<text x="14" y="{top + plot_h / 2}" font-size="11" text-anchor="middle" '
+            f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
+        )
+    widths = [26 + 6.5 * len(s.label[:40]) for s in series]
+    legend_x = max(left + 200.0, left + plot_w - sum(widths))
+    for i, (s, pts) in enumerate(reduced):
+        color = s.color or PALETTE[i % len(PALETTE)]
+        if pts:
+            if step_lines or len(pts) == 1:
+                marks = "".join(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="{color}"/>' for x, y in pts[:400]
+                )
+                body.append(marks)
+            if len(pts) > 1:
+                path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+                body.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.4" points="{path}"/>')
+        label = escape(s.label[:40])
+        body.append(f'<rect x="{legend_x:.0f}" y="8" width="10" height="10" fill="{color}"/>')
+        body.append(f'<text x="{legend_x + 14:.0f}" y="17" font-size="11">{label}</text>')
+        legend_x += widths[i]
+    return _frame(width, height, title, body)
+
+
+def histogram_plot(
+    edges: Sequence[float],
+    counts: Sequence[int],
+    *,
+    title: str = "",
+    width: int = 900,
+    height: int = 240,
+    x_label: str = "",
+    highlight_from: float | None = None,
+    overflow: int = 0,
+) -> str:
+    """Bars for a histogram (``len(edges) == len(counts) + 1``); bars right of ``highlight_from`` in red.
+
+    ``overflow`` values above the last edge are drawn as one extra red bar labelled "> last edge".
+    """
+    left, right, top, bottom = 64, 16, 28, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    body: list[str] = []
+    if title:
+        body.append(f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>')
+    if not counts or len(edges) != len(counts) + 1:
+        body.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13" fill="#666">'
+            "no data</text>"
+        )
+        return _frame(width, height, title, body)
+    if overflow > 0:
+        width_bin = (float(edges[-1]) - float(edges[0])) / max(1, len(counts))
+        edges = [*edges, float(edges[-1]) + 2 * width_bin]
+        counts = [*counts, overflow]
+    x0, x1 = float(edges[0]), float(edges[-1])
+    if x1 <= x0:
+        x1 = x0 + 1
+    top_count = max(max(counts), 1)
+    y_ticks = nice_ticks(0, top_count * 1.08, 4)
+    y_hi = max(y_ticks[-1], top_count * 1.08)
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * plot_w
+
+    def sy(c: float) -> float:
+        return top + plot_h - c / y_hi * plot_h
+
+    for t in y_ticks:
+        body.append(
+            f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + plot_w}" y2="{sy(t):.1f}" stroke="#e5e5e5"/>'
+        )
+        body.append(
+            f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="11" text-anchor="end">{fmt_tick(t)}</text>'
+        )
+    for i, c in enumerate(counts):
+        if c <= 0:
+            continue
+        a, b = sx(float(edges[i])), sx(float(edges[i + 1]))
+        color = "#d62728" if highlight_from is not None and float(edges[i]) >= highlight_from else "#1f77b4"
+        body.append(
+            f'<rect x="{a + 0.5:.1f}" y="{sy(c):.1f}" width="{max(1.0, b - a - 1):.1f}" '
+            f'height="{top + plot_h - sy(c):.1f}" fill="{color}"><title>{c}</title></rect>'
+        )
+    tick_hi = float(edges[-2]) if overflow > 0 else x1
+    for t in nice_ticks(x0, tick_hi, 6):
+        if x0 <= t <= tick_hi:
+            body.append(
+                f'<text x="{sx(t):.1f}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">'
+                f"{fmt_tick(t)}</text>"
+            )
+    if highlight_from is not None and x0 <= highlight_from <= x1:
+        x = sx(highlight_from)
+        body.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#d62728" '
+            'stroke-dasharray="4 3"/>'
+        )
+    if overflow > 0:
+        body.append(
+            f'<text x="{left + plot_w - 4}" y="{top + 14}" font-size="11" fill="#d62728" text-anchor="end">'
+            f"&gt; {fmt_tick(float(edges[-3]))}: {overflow}</text>"
+        )
+    body.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>')
+    if x_label:
+        body.append(
+            f'<text x="{left + plot_w / 2}" y="{height - 8}" font-size="11" text-anchor="middle">'
+            f"{escape(x_label)}</text>"
+        )
+    return _frame(width, height, title, body)
+
+
+def phase_bar(phases: Sequence[tuple[str, float, str]], *, width: int = 900, height: int = 56) -> str:
+    """One horizontal bar split into labelled phases: ``(label, seconds, color)``."""
+    total = sum(max(0.0, s) for _, s, _ in phases)
+    body: list[str] = []
+    if total <= 0:
+        body.append(f'<text x="8" y="{height / 2}" font-size="12" fill="#666">no timing data</text>')
+        return _frame(width, height, "phases", body)
+    x = 0.0
+    for label, seconds, color in phases:
+        w = max(0.0, seconds) / total * width
+        if w <= 0:
+            continue
+        body.append(
+            f'<rect x="{x:.1f}" y="4" width="{w:.1f}" height="26" fill="{color}">'
+            f"<title>{escape(label)}</title></rect>"
+        )
+        if w > 60:
+            body.append(
+                f'<text x="{x + w / 2:.1f}" y="22" font-size="11" fill="#fff" text-anchor="middle">'
+                f"{escape(label)}</text>"
+            )
+        x += w
+    legend = "   ".join(
+        f"{label}: {seconds:.1f} s ({100 * max(0.0, seconds) / total:.0f}%)" for label, seconds, _ in phases
+    )
+    body.append(f'<text x="0" y="48" font-size="11">{escape(legend)}</text>')
+    return _frame(width, height, "phases", body)

@@ -1,0 +1,156 @@
+"""Helpers shared by the model rules: SageMaker parameter types, tensor and loss selection.
+
+Not a rule module (it defines no ``Rule`` subclass), so the registry guard ignores it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from trainguard.format.documents import Mode, TensorStats
+from trainguard.rules.base import StepData, TensorView
+
+#: SageMaker's order when a rule's ``mode`` is None: EVAL, else TRAIN, else GLOBAL
+MODE_PRIORITY: tuple[Mode, ...] = ("EVAL", "TRAIN", "GLOBAL")
+
+
+def split_list(value: Any) -> Any:
+    """SageMaker passes lists as one comma-separated string ("weights,gradients").
+
+    Commas inside ``{}``, ``[]`` or ``()`` belong to a regex (``a{1,3}``) and do not split.
+    """
+    if value is None or not isinstance(value, str):
+        return value
+    items: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for char in value:
+        if char in "{[(":
+            depth += 1
+        elif char in "}])" and depth:
+            depth -= 1
+        if char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    items.append("".join(current))
+    cleaned = tuple(item.strip() for item in items if item.strip())
+    return cleaned or None
+
+
+def _check_regexes(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    for pattern in value or ():
+        _check_regex(pattern)
+    return value
+
+
+def _check_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return pattern
+
+
+#: a comma-separated list of names ("None" or "" for none)
+NameList = Annotated[tuple[str, ...] | None, BeforeValidator(split_list)]
+#: a comma-separated list of regular expressions, each checked to compile
+RegexList = Annotated[tuple[str, ...] | None, BeforeValidator(split_list), AfterValidator(_check_regexes)]
+#: one regular expression, checked to compile
+Regex = Annotated[str, AfterValidator(_check_regex)]
+#: a finite float ("NaN" and "Infinity" are configuration errors)
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0)]
+Percent = Annotated[float, Field(allow_inf_nan=False, ge=0, le=100)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Probability = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]
+
+
+def select(
+    step: StepData,
+    collections: Sequence[str] | None,
+    regex: Sequence[str] | str | None,
+    mode: Mode | None = None,
+    *,
+    default_collections: Sequence[str] | None = None,
+) -> Iterator[tuple[TensorView, TensorStats]]:
+    """Tensors with statistics chosen by ``collection_names``/``tensor_regex``.
+
+    When neither is given, ``default_collections`` is used (None: every tensor).
+    """
+    if not collections and not regex:
+        collections = default_collections
+    for view in step.tensors(mode, collections, regex):
+        if view.stats is not None:
+            yield view, view.stats
+
+
+def loss_value(
+    step: StepData,
+    mode: Mode,
+    *,
+    collections: Sequence[str] | None = None,
+    regex: Sequence[str] | None = None,
+    use_losses_collection: bool = True,
+) -> float | None:
+    """The step's loss in ``mode``: mean over workers and over every selected loss.
+
+    Selected: scalars in the ``losses`` collection (when ``use_losses_collection``), in any of
+    ``collections`` or with a name matching any of ``regex``; and tensors in ``collections`` or
+    matching ``regex`` (their mean). Non-finite losses are kept (they are what went wrong).
+    """
+    patterns = [re.compile(r) for r in regex or ()]
+    wanted = set(collections or ())
+    values: list[float] = []
+    for _, name, _, scalar in step.scalars(mode):
+        cols = set(scalar.collections)
+        if (
+            (use_losses_collection and "losses" in cols)
+            or (wanted & cols)
+            or any(p.match(name) for p in patterns)
+        ):
+            values.append(scalar.value)
+    if wanted or patterns:
+        for view in step.tensors(mode, list(wanted) or None, list(regex or ()) or None):
+            if view.stats is not None and view.stats.numel > 0:
+                values.append(view.stats.mean)
+    return sum(values) / len(values) if values else None
+
+
+def mode_step(step: StepData, mode: Mode) -> int:
+    """The step number within ``mode`` (the first worker's), or the global step."""
+    for header in step.workers:
+        record = header.modes.get(mode)
+        if record is not None:
+            return record.mode_step
+    return step.step
+
+
+def finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def class_ids(view: TensorView, argmax: bool = False) -> list[int] | None:
+    """Class ids from a small tensor's ``values`` statistic (None when the hook sent none).
+
+    ``argmax``: the tensor holds scores of shape ``(N, C)``; the id is each row's argmax.
+    Otherwise the values are ids already (rounded; non-finite values are dropped).
+    """
+    stats = view.stats
+    if stats is None or stats.values is None:
+        return None
+    values = stats.values
+    if argmax:
+        shape = view.record.shape
+        width = shape[-1] if len(shape) >= 2 and shape[-1] > 0 else 0
+        if not width or len(values) % width:
+            return None
+        rows = (values[i : i + width] for i in range(0, len(values), width))
+        return [max(range(width), key=row.__getitem__) for row in rows]
+    return [round(v) for v in values if finite(v)]

@@ -1,0 +1,70 @@
+"""DeadRelu: too many ReLU units of a layer are (almost) never active."""
+
+from __future__ import annotations
+
+from trainguard.rules._common import Percent, Regex
+from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+
+
+class DeadReluConfig(RuleConfig):
+    tensor_regex: Regex = ".*relu_output"
+    threshold_inactivity: Percent = 1.0
+    threshold_layer: Percent = 50.0
+
+
+class DeadReluState(RuleState):
+    #: layers examined so far; 0 at the end means no tensor carried ``unit_active``
+    layers_checked: int = 0
+
+
+def inactive_share(unit_fractions: list[float], threshold_percent: float) -> float:
+    """Percent of units whose fraction (0..1) is below ``threshold_percent`` %."""
+    if not unit_fractions:
+        return 0.0
+    below = sum(1 for f in unit_fractions if f * 100.0 < threshold_percent)
+    return 100.0 * below / len(unit_fractions)
+
+
+class DeadRelu(Rule[DeadReluConfig, DeadReluState]):
+    """Fires when, in one layer, more than ``threshold_layer`` % of the units are dead.
+
+    Reads ``stats.unit_active`` (per unit: the fraction of the batch's samples in which the
+    unit is > 0) of tensors matching ``tensor_regex``. A unit is dead when it is active in
+    less than ``threshold_inactivity`` % of the samples.
+
+    Choices: each step, worker and layer is judged on its own batch (no accumulation across
+    steps, so one unlucky batch of a tiny size can fire; the hook reports ``samples``);
+    tensors without ``unit_active`` are skipped (their statistics cannot tell units apart).
+    """
+
+    name = "DeadRelu"
+    Config = DeadReluConfig
+    State = DeadReluState
+    summary = "More than threshold_layer % of a layer's ReLU units are inactive."
+    advice = (
+        "Lower the learning rate, use LeakyReLU/ELU/GELU, check the weight initialisation and "
+        "bias init (small positive), and normalise the inputs."
+    )
+
+    def update(self, state: DeadReluState, step: StepData) -> tuple[DeadReluState, list[Finding]]:
+        cfg = self.config
+        for view in step.tensors(regex=cfg.tensor_regex):
+            stats = view.stats
+            if stats is None or not stats.unit_active:
+                continue
+            state.layers_checked += 1
+            share = inactive_share(stats.unit_active, cfg.threshold_inactivity)
+            if share > cfg.threshold_layer:
+                return state, [
+                    self.finding(
+                        step.step,
+                        f"{self.name}: {fmt(share)}% of the {len(stats.unit_active)} units of {view.name} "
+                        f"(worker {view.worker}, {view.mode}) are active in less than "
+                        f"{fmt(cfg.threshold_inactivity)}% of samples; "
+                        f"threshold_layer={fmt(cfg.threshold_layer)}%.",
+                        tensor=view.name,
+                        value=share,
+                        threshold=cfg.threshold_layer,
+                    )
+                ]
+        return state, []

@@ -1,0 +1,83 @@
+"""FeatureImportanceOverweight (XGBoost): a few features carry almost all the importance."""
+
+from __future__ import annotations
+
+import re
+
+from trainguard.rules._common import PositiveInt, Probability, RegexList, finite
+from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+
+
+class FeatureImportanceOverweightConfig(RuleConfig):
+    threshold: Probability = 0.8
+    nfeatures: PositiveInt = 3
+    tensor_regex: RegexList = (".*feature_importance/weight",)
+
+
+class FeatureImportanceOverweightState(RuleState):
+    steps_judged: int = 0
+
+
+class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, FeatureImportanceOverweightState]):
+    """Fires when the ``nfeatures`` largest normalised feature importances sum to > ``threshold``.
+
+    Reads, per step, worker and mode, every scalar or tensor matching ``tensor_regex``
+    (smdebug's XGBoost hook saves one per feature: ``feature_importance/weight/f0``...): a
+    scalar's value, a tensor's ``values`` (all elements) or, for a one-element tensor, its
+    mean. Importances are normalised by their sum.
+
+    Choices: a step is judged only when it has more than ``nfeatures`` features with a
+    positive total (with ``nfeatures`` or fewer the top ones always hold 100%); negative or
+    non-finite importances are ignored.
+    """
+
+    name = "FeatureImportanceOverweight"
+    Config = FeatureImportanceOverweightConfig
+    State = FeatureImportanceOverweightState
+    summary = "The top nfeatures features hold more than threshold of the total importance."
+    advice = (
+        "Check for target leakage in the dominant features, add regularisation "
+        "(colsample_bytree, subsample, max_depth) or engineer more informative features."
+    )
+
+    def update(
+        self, state: FeatureImportanceOverweightState, step: StepData
+    ) -> tuple[FeatureImportanceOverweightState, list[Finding]]:
+        cfg = self.config
+        groups: dict[tuple[int, str], dict[str, float]] = {}
+        patterns = cfg.tensor_regex or ()
+        for mode, name, worker, sc in step.scalars():
+            if any(re.match(p, name) for p in patterns):
+                groups.setdefault((worker, mode), {})[name] = sc.value
+        for view in step.tensors(regex=patterns):
+            stats = view.stats
+            if stats is None:
+                continue
+            group = groups.setdefault((view.worker, view.mode), {})
+            if stats.values is not None:
+                for i, v in enumerate(stats.values):
+                    group[f"{view.name}[{i}]"] = v
+            elif stats.numel == 1:
+                group[view.name] = stats.mean
+        for (worker, group_mode), importances in sorted(groups.items()):
+            valid = {k: v for k, v in importances.items() if finite(v) and v >= 0}
+            total = sum(valid.values())
+            if len(valid) <= cfg.nfeatures or total <= 0:
+                continue
+            state.steps_judged += 1
+            top = sorted(valid.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.nfeatures]
+            share = sum(v for _, v in top) / total
+            if share > cfg.threshold:
+                names = ", ".join(k for k, _ in top)
+                return state, [
+                    self.finding(
+                        step.step,
+                        f"{self.name}: the top {cfg.nfeatures} of {len(valid)} features ({names}) "
+                        f"hold {fmt(share)} of "
+                        f"the importance (worker {worker}, {group_mode}) > threshold={fmt(cfg.threshold)}.",
+                        tensor=top[0][0],
+                        value=share,
+                        threshold=cfg.threshold,
+                    )
+                ]
+        return state, []

@@ -1,0 +1,122 @@
+"""PoorWeightInitialization: signs of a bad initialisation in the first steps."""
+
+from __future__ import annotations
+
+import math
+
+from trainguard.rules._common import NonNegative, PositiveInt, Regex, finite, loss_value
+from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+
+
+class PoorWeightInitializationConfig(RuleConfig):
+    activation_inputs_regex: Regex = ".*relu_input"
+    threshold: NonNegative = 10.0
+    distribution_range: NonNegative = 0.001
+    patience: PositiveInt = 5
+    steps: PositiveInt = 10
+
+
+class PoorWeightInitializationState(RuleState):
+    #: saved steps analysed so far (the rule stops after ``steps``)
+    steps_seen: int = 0
+    best_loss: float | None = None
+    stale: int = 0
+
+
+class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightInitializationState]):
+    """Within the first ``steps`` saved steps, fires on any of:
+
+    1. activation inputs (tensors matching ``activation_inputs_regex``): on one worker, the
+       largest variance across layers divided by the smallest is > ``threshold``;
+    2. gradients (``gradients`` collection): a tensor's ``p95 - p5`` spread (``percentiles``
+       statistic) is < ``distribution_range`` (SageMaker: "the minimum difference between
+       the 5th and 95th percentiles");
+    3. the TRAIN loss has not decreased for ``patience`` saved steps in a row.
+
+    Choices: ``steps`` counts saved steps (with the 500-step default save interval a
+    global-step window would see one step); a zero smallest variance gives an infinite
+    ratio (fires unless every layer has zero variance); gradients without percentiles are
+    skipped; after ``steps`` saved steps the rule is idle.
+    """
+
+    name = "PoorWeightInitialization"
+    Config = PoorWeightInitializationConfig
+    State = PoorWeightInitializationState
+    summary = "Activation variances, gradient spread or early loss suggest a poor weight initialisation."
+    advice = (
+        "Use an initialisation matched to the activation (He for ReLU, Xavier/Glorot for tanh), "
+        "check biases start near zero, and add normalisation layers."
+    )
+
+    def update(
+        self, state: PoorWeightInitializationState, step: StepData
+    ) -> tuple[PoorWeightInitializationState, list[Finding]]:
+        cfg = self.config
+        if state.steps_seen >= cfg.steps:
+            return state, []
+        state.steps_seen += 1
+        for worker in step.workers:
+            variances = [
+                (v.name, v.stats.std**2)
+                for v in step.tensors(regex=cfg.activation_inputs_regex)
+                if v.worker == worker.worker
+                and v.stats is not None
+                and v.stats.numel > 1
+                and finite(v.stats.std)
+            ]
+            if len(variances) >= 2:
+                (hi_name, hi), (lo_name, lo) = (
+                    max(variances, key=lambda x: x[1]),
+                    min(variances, key=lambda x: x[1]),
+                )
+                ratio = math.inf if lo == 0 and hi > 0 else (hi / lo if lo else 1.0)
+                if ratio > cfg.threshold:
+                    return state, [
+                        self.finding(
+                            step.step,
+                            f"{self.name}: activation-input variance ratio {fmt(ratio)} (max "
+                            f"{fmt(hi)} in {hi_name}, "
+                            f"min {fmt(lo)} in {lo_name}, worker {worker.worker}) > "
+                            f"threshold={fmt(cfg.threshold)}.",
+                            tensor=hi_name,
+                            value=ratio,
+                            threshold=cfg.threshold,
+                        )
+                    ]
+        for view in step.tensors(collections=["gradients"]):
+            pct = view.stats.percentiles if view.stats is not None else None
+            if not pct or "5" not in pct or "95" not in pct:
+                continue
+            spread = pct["95"] - pct["5"]
+            if finite(spread) and spread < cfg.distribution_range:
+                return state, [
+                    self.finding(
+                        step.step,
+                        f"{self.name}: gradient {view.name} (worker {view.worker}) has p95-p5 spread "
+                        f"{fmt(spread)} "
+                        f"< distribution_range={fmt(cfg.distribution_range)}.",
+                        tensor=view.name,
+                        value=spread,
+                        threshold=cfg.distribution_range,
+                    )
+                ]
+        loss = loss_value(step, "TRAIN")
+        if loss is not None:
+            if finite(loss) and (state.best_loss is None or loss < state.best_loss):
+                state.best_loss, state.stale = loss, 0
+            else:
+                state.stale += 1
+            if state.stale >= cfg.patience:
+                return state, [
+                    self.finding(
+                        step.step,
+                        f"{self.name}: TRAIN loss {fmt(loss)} has not decreased below "
+                        f"{fmt(state.best_loss)} for "
+                        f"{state.stale} saved steps (patience={cfg.patience}) within the first "
+                        f"{cfg.steps} steps.",
+                        tensor="TRAIN loss",
+                        value=float(state.stale),
+                        threshold=float(cfg.patience),
+                    )
+                ]
+        return state, []

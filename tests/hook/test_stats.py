@@ -1,0 +1,150 @@
+"""Statistics: the torch path (reduced where the tensor lives) equals the numpy path and numpy itself."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from trainguard.hook.stats import PERCENTILE_SAMPLE, StatSpec, numpy_stats, torch_stats, unit_reduce_dims
+
+RNG = np.random.default_rng(7)
+FULL = StatSpec(percentiles=(5.0, 50.0, 95.0), histogram_bins=16, unit_active=True, unit_band=(-1.0, 1.0))
+
+
+def reference(a: np.ndarray) -> dict:
+    x = a.astype(np.float64)
+    return {
+        "numel": x.size,
+        "mean": x.mean(),
+        "std": x.std(),
+        "min": x.min(),
+        "max": x.max(),
+        "mean_abs": np.abs(x).mean(),
+        "l1": np.abs(x).sum(),
+        "l2": np.sqrt((x * x).sum()),
+        "zeros": int((x == 0).sum()),
+        "nan": int(np.isnan(x).sum()),
+        "inf": int(np.isinf(x).sum()),
+    }
+
+
+def check(stats, ref, rtol=1e-5):
+    for key, want in ref.items():
+        got = getattr(stats, key)
+        assert math.isclose(got, want, rel_tol=rtol, abs_tol=1e-6), (key, got, want)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1000,), (64, 32), (8, 16, 5, 5), (4, 7, 11), (3,), (200_000,)], ids=lambda s: "x".join(map(str, s))
+)
+def test_torch_and_numpy_paths_match_numpy(shape):
+    a = (RNG.normal(size=shape) * 3 + 0.5).astype(np.float32)
+    a.reshape(-1)[::7] = 0.0
+    ref = reference(a)
+    t = torch_stats(torch.from_numpy(a), FULL).finalize()
+    n = numpy_stats(a, FULL)
+    check(t, ref)
+    check(n, ref)
+    assert t.percentiles is not None and n.percentiles is not None
+    assert t.percentiles.keys() == {"5", "50", "95"}
+    for k in t.percentiles:
+        assert math.isclose(t.percentiles[k], n.percentiles[k], rel_tol=1e-6, abs_tol=1e-6)
+    if a.size <= PERCENTILE_SAMPLE:  # exact below the sample size
+        assert np.allclose([t.percentiles[k] for k in ("5", "50", "95")], np.percentile(a, [5, 50, 95]), rtol=1e-5)
+    assert t.histogram == n.histogram
+    assert sum(t.histogram.counts) == a.size
+    assert t.unit_active == n.unit_active
+    assert t.unit_in_band == n.unit_in_band
+    if len(shape) >= 2:
+        assert t.samples == shape[0]
+
+
+def test_per_unit_activity_dense_and_conv():
+    dense = np.zeros((10, 4), np.float32)
+    dense[:3, 0] = 1.0  # unit 0 active in 3 of 10 samples
+    dense[:, 1] = 2.0  # unit 1 always active
+    s = torch_stats(torch.from_numpy(dense), StatSpec(unit_active=True)).finalize()
+    assert s.unit_active == [0.3, 1.0, 0.0, 0.0]
+    conv = np.zeros((2, 3, 4, 4), np.float32)
+    conv[:, 1] = 1.0
+    conv[0, 2, 0, 0] = 5.0
+    s = torch_stats(torch.from_numpy(conv), StatSpec(unit_active=True)).finalize()
+    assert s.unit_active == [0.0, 1.0, round(1 / 32, 5)]
+    assert numpy_stats(conv, StatSpec(unit_active=True)).unit_active == s.unit_active
+    assert unit_reduce_dims((8,)) is None
+
+
+def test_band_fraction_for_saturation():
+    x = np.array([[-30.0, 0.0], [0.0, 20.0], [0.0, 0.0], [10.0, 0.0]], np.float32)
+    spec = StatSpec(unit_band=(-23.0, 16.99999))
+    s = torch_stats(torch.from_numpy(x), spec).finalize()
+    assert s.unit_in_band == [0.75, 0.75]
+    assert s.band == (-23.0, 16.99999)
+
+
+def test_nan_inf_counted_like_numpy():
+    a = np.array([1.0, np.nan, np.inf, 0.0, -2.0, np.nan], np.float32)
+    for s in (torch_stats(torch.from_numpy(a)).finalize(), numpy_stats(a)):
+        assert (s.nan, s.inf, s.zeros, s.numel) == (2, 1, 1, 6)
+        assert math.isnan(s.mean)
+    inf_only = np.array([1.0, np.inf], np.float32)
+    s = torch_stats(torch.from_numpy(inf_only)).finalize()
+    assert (s.nan, s.inf) == (0, 1) and s.mean == math.inf
+
+
+def test_large_mean_small_spread_is_exact():
+    a = (1000.0 + RNG.normal(size=5000) * 1e-3).astype(np.float32)
+    s = torch_stats(torch.from_numpy(a)).finalize()
+    assert math.isclose(s.std, a.astype(np.float64).std(), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array(3.5, np.float32),
+        np.zeros((0, 4), np.float32),
+        np.array([True, False, True]),
+        np.arange(-5, 5, dtype=np.int64),
+        np.array([1.5, -2.25, 0.0], np.float16),
+    ],
+    ids=["0-d", "empty", "bool", "int64", "float16"],
+)
+def test_edge_dtypes_and_shapes(value):
+    t = torch_stats(torch.from_numpy(value)).finalize()
+    n = numpy_stats(value)
+    if value.size == 0:
+        assert t.numel == n.numel == 0 and t.mean == 0.0 and t.nan == 0
+        return
+    ref = reference(value.astype(np.float64))
+    check(t, ref)
+    check(n, ref)
+
+
+def test_bfloat16_reduced_in_float32():
+    x = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.bfloat16)
+    s = torch_stats(x).finalize()
+    check(s, reference(np.array([1.0, -2.0, 0.5, 0.0])))
+
+
+def test_values_and_value_counts():
+    labels = np.array([0, 1, 1, 2], np.int64)
+    s = torch_stats(torch.from_numpy(labels), StatSpec(values=True)).finalize()
+    assert s.values == [0.0, 1.0, 1.0, 2.0]
+    tokens = np.zeros(10_000, np.int64)
+    tokens[:2500] = 7
+    for s in (
+        torch_stats(torch.from_numpy(tokens), StatSpec(value_counts=True)).finalize(),
+        numpy_stats(tokens, StatSpec(value_counts=True)),
+    ):
+        assert s.values is None
+        assert s.value_counts == {"0": 7500, "7": 2500}
+    # float inputs: no counts
+    assert numpy_stats(np.ones(5000, np.float32), StatSpec(value_counts=True)).value_counts is None
+
+
+def test_complex_rejected_clearly():
+    with pytest.raises(TypeError, match="cannot compute statistics"):
+        torch_stats(torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="cannot compute statistics"):
+        numpy_stats(np.zeros(3, np.complex64))

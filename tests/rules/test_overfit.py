@@ -1,0 +1,78 @@
+"""Golden tests for Overfit."""
+
+from __future__ import annotations
+
+from rulejobs import SHORT, M, config_error, fast_step, long_run, make, run, state_bytes, step_data
+
+
+def epochs(val_by_epoch: list[float], train: float = 1.0, train_steps: int = 4, eval_steps: int = 2) -> list:
+    """Each epoch: train_steps TRAIN steps at loss ``train``, then eval_steps EVAL steps."""
+    steps, s = [], 0
+    for val in val_by_epoch:
+        for _ in range(train_steps):
+            steps.append(step_data(s, train=train))
+            s += 1
+        for _ in range(eval_steps):
+            steps.append(step_data(s, eval=val))
+            s += 1
+    return steps
+
+
+def test_fires_when_evaluation_ratio_exceeds_threshold() -> None:
+    # epoch layout: TRAIN 0-3, EVAL 4-5, TRAIN 6-9, EVAL 10-11, TRAIN 12-15, EVAL 16-17
+    out = run(make("Overfit"), epochs([1.05, 1.08, 1.2]))
+    assert out.fired_at == 17  # judged at the end of the job (finish), names the evaluation's last step
+    assert abs(out.finding.value - 0.2) < 1e-9 and out.finding.threshold == 0.1
+    out = run(make("Overfit"), epochs([1.05, 1.2, 1.0]))
+    assert out.fired_at == 11 and out.steps_run == 13  # judged when training resumes at step 12
+
+
+def test_patience_needs_consecutive_evaluations() -> None:
+    vals = [1.2, 1.0, 1.2, 1.2, 1.0]
+    assert run(make("Overfit", patience="2"), epochs(vals)).fired_at == 23  # third and fourth epochs
+    assert run(make("Overfit", patience="3"), epochs(vals)).fired_at is None
+
+
+def test_start_step_and_ratio_threshold() -> None:
+    assert run(make("Overfit", start_step="12"), epochs([1.5, 1.0])).fired_at is None
+    assert run(make("Overfit", ratio_threshold="0.6"), epochs([1.5])).fired_at is None
+    assert run(make("Overfit", ratio_threshold="0.4"), epochs([1.5])).fired_at == 5
+
+
+def test_train_and_eval_in_the_same_step() -> None:
+    steps = [step_data(s, train=1.0, eval=1.0 + 0.04 * s) for s in range(5)]
+    assert run(make("Overfit"), steps).fired_at == 3  # (1.12 - 1) / 1 > 0.1; 1.08 is not
+
+
+def test_needs_both_modes() -> None:
+    assert run(make("Overfit"), [step_data(s, train=1.0) for s in range(10)]).fired_at is None
+    assert run(make("Overfit"), [step_data(s, eval=5.0) for s in range(10)]).fired_at is None
+
+
+def test_parameters() -> None:
+    rule = make(
+        "Overfit", tensor_regex="val_loss,loss", start_step="100", patience="3", ratio_threshold="0.25"
+    )
+    c = rule.config
+    assert (c.tensor_regex, c.start_step, c.patience, c.ratio_threshold) == (
+        ("val_loss", "loss"),
+        100,
+        3,
+        0.25,
+    )
+    assert "patience" in config_error("Overfit", patience="0")
+    assert "ratio_threshold" in config_error("Overfit", ratio_threshold="-0.1")
+
+
+def test_state_bounded() -> None:
+    rule = make("Overfit", patience="1000000")
+
+    def gen():  # 9 TRAIN + 1 EVAL per "epoch", overfitting throughout
+        for s in range(SHORT):
+            yield fast_step(
+                s, {"EVAL": M(None, {"loss": 2.0})} if s % 10 == 9 else {"TRAIN": M(None, {"loss": 1.0})}
+            )
+
+    state, fired = long_run(rule, gen())
+    assert fired is None and state.over == SHORT // 10 - 1
+    assert state_bytes(rule, state) < 400
