@@ -2,7 +2,6 @@
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from trainguard.service.evaluate import service
 
 logger = Logger(service="trainguard-clock")

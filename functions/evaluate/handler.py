@@ -9,7 +9,6 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from trainguard.service.evaluate import advance_jobs, ingest_record
 
 logger = Logger(service="trainguard-evaluate")

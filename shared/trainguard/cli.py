@@ -14,14 +14,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainguard", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="local mode on moto: a faulty job alerted and stopped, and its clean twin")
-    p.add_argument("--fault", default="exploding", help="fault injected in the first job (exploding, dead-relu, flat-loss)")
+    p = sub.add_parser(
+        "demo", help="local mode on moto: a faulty job alerted and stopped, and its clean twin"
+    )
+    p.add_argument(
+        "--fault",
+        default="exploding",
+        help="fault injected in the first job (exploding, dead-relu, flat-loss)",
+    )
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--quiet", action="store_true", help="only the summary")
 
     p = sub.add_parser("local", help="run your training script against a local trainguard on moto")
     p.add_argument("--job", help="job name (default: the script's name)")
-    p.add_argument("--actions", help="JSON file of custom actions [{name, pattern, handler: 'file.py:function'}]")
+    p.add_argument(
+        "--actions", help="JSON file of custom actions [{name, pattern, handler: 'file.py:function'}]"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py ...")
 
     p = sub.add_parser("replay", help="evaluate a stored job offline with the same rules")
@@ -29,14 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rules", help="JSON file: DebugRuleConfigurations list (default: the job's own)")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per rule")
     p.add_argument("--no-progress", action="store_true")
+    _rule_module_flag(p)
 
     p = sub.add_parser("status", help="jobs and their rule statuses from the state table")
     p.add_argument("job", nargs="?")
-    p.add_argument("--table", default=os.environ.get("TRAINGUARD_TABLE"), help="state table (or TRAINGUARD_TABLE)")
+    p.add_argument(
+        "--table", default=os.environ.get("TRAINGUARD_TABLE"), help="state table (or TRAINGUARD_TABLE)"
+    )
     p.add_argument("--stack", default="TrainguardStack", help="read the table name from this stack's outputs")
     p.add_argument("--json", action="store_true")
 
-    sub.add_parser("rules", help="every rule with its parameters and defaults")
+    p = sub.add_parser("rules", help="every rule with its parameters and defaults")
+    _rule_module_flag(p)
 
     p = sub.add_parser("report", help="write the HTML profiling report for a job")
     p.add_argument("path", help="job folder or s3://bucket/prefix/<job>")
@@ -44,9 +56,39 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     handler = {
-        "demo": _demo, "local": _local, "replay": _replay, "status": _status, "rules": _rules, "report": _report,
+        "demo": _demo,
+        "local": _local,
+        "replay": _replay,
+        "status": _status,
+        "rules": _rules,
+        "report": _report,
     }[args.command]
     return handler(args)
+
+
+def _rule_module_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rule-module",
+        action="append",
+        default=[],
+        metavar="[DIR:]MODULE",
+        help="custom rules: a module with RULES = [...] (repeatable; adds to TRAINGUARD_RULE_MODULES)",
+    )
+
+
+def _use_rule_modules(extra: list[str]) -> bool:
+    """Add ``--rule-module`` entries to TRAINGUARD_RULE_MODULES and load them all, strictly."""
+    from trainguard.rules.plugins import ENV_VAR, PluginError, load_plugins
+
+    entries = [e for e in os.environ.get(ENV_VAR, "").split(",") if e.strip()] + extra
+    if extra:
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys(e.strip() for e in entries))
+    try:
+        load_plugins(strict=True)
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -71,6 +113,8 @@ def _local(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from trainguard.engine.replay import replay
 
+    if not _use_rule_modules(args.rule_module):
+        return 2
     source = _open_source(args.path)
     rules: Any = None
     if args.rules:
@@ -89,8 +133,13 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.summary(), indent=2))
     else:
-        _print_rules(result.state.job, [(r["RuleConfigurationName"], r["RuleEvaluationStatus"], r["StatusDetails"])
-                                        for r in result.summary()])
+        _print_rules(
+            result.state.job,
+            [
+                (r["RuleConfigurationName"], r["RuleEvaluationStatus"], r["StatusDetails"])
+                for r in result.summary()
+            ],
+        )
     return 0
 
 
@@ -133,18 +182,35 @@ def print_status(store: Any, job: str | None, as_json: bool = False) -> int:
     else:
         jobs = sorted(store.list_jobs(), key=lambda s: s.job)
     if as_json:
-        print(json.dumps([
-            {"TrainingJobName": s.job, "TrainingJobStatus": s.training_status, "LastStep": s.watermark,
-             "DebugRuleEvaluationStatuses": [
-                 {"RuleConfigurationName": r.name, "RuleEvaluationStatus": r.status, "StatusDetails": r.details}
-                 for r in s.rules]}
-            for s in jobs], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "TrainingJobName": s.job,
+                        "TrainingJobStatus": s.training_status,
+                        "LastStep": s.watermark,
+                        "DebugRuleEvaluationStatuses": [
+                            {
+                                "RuleConfigurationName": r.name,
+                                "RuleEvaluationStatus": r.status,
+                                "StatusDetails": r.details,
+                            }
+                            for r in s.rules
+                        ],
+                    }
+                    for s in jobs
+                ],
+                indent=2,
+            )
+        )
         return 0
     if not jobs:
         print("no jobs yet")
     for state in jobs:
-        _print_rules(f"{state.job} ({state.training_status}, last step {state.watermark})",
-                     [(r.name, r.status, r.details) for r in state.rules])
+        _print_rules(
+            f"{state.job} ({state.training_status}, last step {state.watermark})",
+            [(r.name, r.status, r.details) for r in state.rules],
+        )
     return 0
 
 
@@ -169,9 +235,12 @@ def _stack_output(stack: str, key: str) -> str | None:
 def _rules(args: argparse.Namespace) -> int:
     from trainguard.rules.catalog import describe_rules
 
+    if not _use_rule_modules(args.rule_module):
+        return 2
     for row in describe_rules():
         params = ", ".join(f"{k}={v!r}" for k, v in row["parameters"].items()) or "(no parameters)"
-        print(f"{row['name']:<28} [{row['kind']}] {row['summary']}")
+        origin = "" if row["source"] == "trainguard" else f" (custom: {row['source']})"
+        print(f"{row['name']:<28} [{row['kind']}] {row['summary']}{origin}")
         print(f"{'':<28} {params}")
     return 0
 

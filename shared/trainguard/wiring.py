@@ -28,7 +28,7 @@ from trainguard.format.layout import INGEST_PREFIX
 @dataclass(frozen=True)
 class QueueSpec:
     id: str
-    #: a function's timeout × 6, as AWS recommends for an SQS trigger
+    #: 6 times a function's timeout, as AWS recommends for an SQS trigger
     visibility_timeout_s: int
     max_receive_count: int = 5
     #: messages kept in the DLQ for inspection (14 days: the SQS maximum)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from trainguard.engine.evaluator import advance, apply_end, apply_manifest, build_event, request_stop
 from trainguard.engine.model import JobState, StepArrival
 from trainguard.engine.store import _pack, _unpack
@@ -16,9 +15,8 @@ NOW = 1_800_000_000.0
 
 
 def arrivals_of(job: SyntheticJob) -> tuple[d.Manifest, list[StepArrival], list[d.EndMarker]]:
-    from trainguard.engine.sources import read_end, read_manifest
+    from trainguard.engine.sources import read_end, read_manifest, step_arrival
     from trainguard.format.layout import parse_relative
-    from trainguard.engine.sources import step_arrival
 
     manifest, steps, ends = None, [], []
     for rel, body in job.objects().items():
@@ -97,8 +95,14 @@ def test_the_job_finishes_when_every_worker_ended_and_all_steps_were_evaluated()
 def test_any_delivery_order_gives_the_same_verdicts(seed):
     import random
 
-    job = SyntheticJob("perm", world_size=2, steps=list(range(0, 30, 3)), skipped={0: {9}},
-                       nan_steps=frozenset({18}), loss=lambda s, w: 1.0)
+    job = SyntheticJob(
+        "perm",
+        world_size=2,
+        steps=list(range(0, 30, 3)),
+        skipped={0: {9}},
+        nan_steps=frozenset({18}),
+        loss=lambda s, w: 1.0,
+    )
     reference = run_incrementally(job)
     n = len(job.objects())
     order = list(range(n))
@@ -146,13 +150,19 @@ def test_stop_request_then_end_gives_stopped():
 
 
 def test_event_detail_carries_sagemaker_fields_and_all_rule_statuses():
-    job = SyntheticJob("evt", steps=[0, 1, 2], nan_steps=frozenset({1}), sagemaker_name="sm-evt", allow_sagemaker_stop=True)
+    job = SyntheticJob(
+        "evt", steps=[0, 1, 2], nan_steps=frozenset({1}), sagemaker_name="sm-evt", allow_sagemaker_stop=True
+    )
     manifest, steps, _ = arrivals_of(job)
     state = apply_manifest(JobState(job="evt"), manifest, NOW).state
     out = advance(state, steps, NOW)
     fired = [t for t in out.transitions if t.record.status == "IssuesFound"]
     detail = build_event(out.state, fired[0])
-    assert detail.TrainingJobName == "evt" and detail.SageMakerTrainingJobName == "sm-evt" and detail.AllowSageMakerStop
+    assert (
+        detail.TrainingJobName == "evt"
+        and detail.SageMakerTrainingJobName == "sm-evt"
+        and detail.AllowSageMakerStop
+    )
     assert detail.EventId == "evt/ExplodingTensor/2" and detail.Step == 1
     assert len(detail.DebugRuleEvaluationStatuses) == 5
     assert len(detail.StatusDetails) <= 1024

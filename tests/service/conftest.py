@@ -11,7 +11,6 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-
 from trainguard.engine.service import EvaluateService, Publisher
 from trainguard.engine.store import StateStore
 from trainguard.local.runtime import create_table
@@ -42,7 +41,9 @@ class Aws:
     def drain_events(self) -> list[dict[str, Any]]:
         out = []
         while True:
-            msgs = self.sqs.receive_message(QueueUrl=self.capture_url, MaxNumberOfMessages=10).get("Messages", [])
+            msgs = self.sqs.receive_message(QueueUrl=self.capture_url, MaxNumberOfMessages=10).get(
+                "Messages", []
+            )
             if not msgs:
                 return out
             for m in msgs:
@@ -82,7 +83,9 @@ def make_aws() -> Aws:
     events.create_event_bus(Name="tg-bus")
     url = sqs.create_queue(QueueName="tg-capture")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    events.put_rule(Name="capture", EventBusName="tg-bus", EventPattern=json.dumps({"source": ["trainguard"]}))
+    events.put_rule(
+        Name="capture", EventBusName="tg-bus", EventPattern=json.dumps({"source": ["trainguard"]})
+    )
     events.put_targets(Rule="capture", EventBusName="tg-bus", Targets=[{"Id": "q", "Arn": arn}])
     return Aws(s3, ddb, events, sqs, "tg-data", "tg-state", "tg-bus", url)
 

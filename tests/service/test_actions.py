@@ -6,7 +6,6 @@ import json
 
 import pytest
 from botocore.stub import Stubber
-
 from trainguard.engine.events import RuleStatusDetail
 from trainguard.service import clients, notify, stop_job
 from trainguard.service.alerts import SMS_MAX_CHARS, render
@@ -14,11 +13,20 @@ from trainguard.service.alerts import SMS_MAX_CHARS, render
 
 def detail(**overrides) -> RuleStatusDetail:
     base = dict(
-        EventId="job-1/nan-check/2", TrainingJobName="job-1", RuleConfigurationName="nan-check",
-        RuleName="ExplodingTensor", RuleEvaluationStatus="IssuesFound", PreviousStatus="InProgress",
-        StatusDetails="RuleEvaluationConditionMet: Evaluation of the rule ExplodingTensor at step 30 resulted in "
-                      "the condition being met. fc1.weight_grad holds 3 NaN values.",
-        LastModifiedTime=1_800_000_000.0, Step=30, Value=3.0, Threshold=0.0, Tensor="fc1.weight_grad",
+        EventId="job-1/nan-check/2",
+        TrainingJobName="job-1",
+        RuleConfigurationName="nan-check",
+        RuleName="ExplodingTensor",
+        RuleEvaluationStatus="IssuesFound",
+        PreviousStatus="InProgress",
+        StatusDetails="RuleEvaluationConditionMet: Evaluation of the rule ExplodingTensor at step 30 "
+        "resulted in "
+        "the condition being met. fc1.weight_grad holds 3 NaN values.",
+        LastModifiedTime=1_800_000_000.0,
+        Step=30,
+        Value=3.0,
+        Threshold=0.0,
+        Tensor="fc1.weight_grad",
         Actions=["Email", "SMS", "StopTraining"],
     )
     base.update(overrides)
@@ -86,8 +94,13 @@ def test_stop_calls_stop_training_job_only_for_the_opted_in_sagemaker_job(env, a
     sagemaker = clients.client("sagemaker")
     with Stubber(sagemaker) as stub:
         stub.add_response("stop_training_job", {}, {"TrainingJobName": "sm-job-7"})
-        result = stop_job.handle_event({"detail": json.loads(
-            detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=True).model_dump_json())})
+        result = stop_job.handle_event(
+            {
+                "detail": json.loads(
+                    detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=True).model_dump_json()
+                )
+            }
+        )
         stub.assert_no_pending_responses()
     assert "StopTrainingJob(sm-job-7)" in result["actions"]
 
@@ -95,8 +108,13 @@ def test_stop_calls_stop_training_job_only_for_the_opted_in_sagemaker_job(env, a
 def test_stop_does_not_call_sagemaker_without_opt_in(env, aws):
     sagemaker = clients.client("sagemaker")
     with Stubber(sagemaker):  # any call would raise: no responses queued
-        result = stop_job.handle_event({"detail": json.loads(
-            detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=False).model_dump_json())})
+        result = stop_job.handle_event(
+            {
+                "detail": json.loads(
+                    detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=False).model_dump_json()
+                )
+            }
+        )
     assert not any("StopTrainingJob" in a for a in result["actions"])
 
 
@@ -104,8 +122,13 @@ def test_stop_is_idempotent_for_an_already_stopped_sagemaker_job(env, aws):
     sagemaker = clients.client("sagemaker")
     with Stubber(sagemaker) as stub:
         stub.add_client_error("stop_training_job", "ValidationException", "The job is already stopped")
-        result = stop_job.handle_event({"detail": json.loads(
-            detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=True).model_dump_json())})
+        result = stop_job.handle_event(
+            {
+                "detail": json.loads(
+                    detail(SageMakerTrainingJobName="sm-job-7", AllowSageMakerStop=True).model_dump_json()
+                )
+            }
+        )
     assert any("already" in a for a in result["actions"])
 
 

@@ -8,8 +8,13 @@ from trainguard.service import clients
 
 
 def test_stalled_job_is_caught_by_the_schedule():
-    rules = [{"RuleConfigurationName": "stall", "RuleParameters": {"rule_to_invoke": "StalledTrainingRule", "threshold": "2"}}]
-    # 60 s schedule × 1/30 → a tick every 2 s
+    rules = [
+        {
+            "RuleConfigurationName": "stall",
+            "RuleParameters": {"rule_to_invoke": "StalledTrainingRule", "threshold": "2"},
+        }
+    ]
+    # a 60 s schedule run 30 times faster: a tick every 2 s
     with LocalCloud(name="tg-clock", clock_speedup=30) as cloud:
         job = SyntheticJob("stalls", steps=[0, 1, 2], rules=rules, ended=False)
         objects = job.objects()
@@ -18,7 +23,9 @@ def test_stalled_job_is_caught_by_the_schedule():
             s3.put_object(Bucket=cloud.resources.bucket, Key=f"jobs/stalls/{rel}", Body=body)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            fired = [e["detail"] for e in cloud.events if e["detail"]["RuleEvaluationStatus"] == "IssuesFound"]
+            fired = [
+                e["detail"] for e in cloud.events if e["detail"]["RuleEvaluationStatus"] == "IssuesFound"
+            ]
             if fired:
                 break
             time.sleep(0.2)

@@ -23,8 +23,13 @@ def test_example_custom_action_receives_issues(tmp_path, monkeypatch):
         assert cloud.wait_idle(30)
         assert cloud.invocations.get("custom:record-issues") == 1
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines == [{
-        "job": "custom-1", "rule": "ExplodingTensor", "status": "IssuesFound", "step": 6,
-        "details": lines[0]["details"],
-    }]
+    assert lines == [
+        {
+            "job": "custom-1",
+            "rule": "ExplodingTensor",
+            "status": "IssuesFound",
+            "step": 6,
+            "details": lines[0]["details"],
+        }
+    ]
     assert "NaN" in lines[0]["details"]

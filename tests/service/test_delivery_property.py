@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
-
 from trainguard.engine.replay import replay
 from trainguard.engine.service import PermanentError
 from trainguard.engine.sources import LocalJob
@@ -54,16 +53,32 @@ def synthetic_jobs(draw, name: str) -> SyntheticJob:
         return 1e-9 if vanish_from is not None and step >= vanish_from else 1e-2
 
     rules = [
-        {"RuleConfigurationName": "loss", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": str(num_steps)}},
+        {
+            "RuleConfigurationName": "loss",
+            "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": str(num_steps)},
+        },
         {"RuleConfigurationName": "nan", "RuleParameters": {"rule_to_invoke": "ExplodingTensor"}},
         {"RuleConfigurationName": "vanishing", "RuleParameters": {"rule_to_invoke": "VanishingGradient"}},
         {"RuleConfigurationName": "dead", "RuleParameters": {"rule_to_invoke": "DeadRelu"}},
     ]
     if draw(st.booleans()):
-        rules.append({"RuleConfigurationName": "typo", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_step": "3"}})
+        rules.append(
+            {
+                "RuleConfigurationName": "typo",
+                "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_step": "3"},
+            }
+        )
     return SyntheticJob(
-        job=name, world_size=world, steps=steps, loss=loss, grad_mean_abs=grad, nan_steps=nan_steps,
-        skipped=skipped, rules=rules, dead_fraction=dead, ended=draw(st.integers(0, 4)) > 0,
+        job=name,
+        world_size=world,
+        steps=steps,
+        loss=loss,
+        grad_mean_abs=grad,
+        nan_steps=nan_steps,
+        skipped=skipped,
+        rules=rules,
+        dead_fraction=dead,
+        ended=draw(st.integers(0, 4)) > 0,
     )
 
 
@@ -99,7 +114,11 @@ def statuses(state) -> list[tuple]:
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     jobs=st.lists(st.sampled_from(["job-a", "job-b", "job-c"]), min_size=1, max_size=2, unique=True).flatmap(
         lambda names: st.tuples(*[synthetic_jobs(n) for n in names])
@@ -108,7 +127,9 @@ def statuses(state) -> list[tuple]:
     duplicate_rate=st.sampled_from([0.0, 0.3, 1.0]),
     threads=st.integers(1, 4),
 )
-def test_live_evaluation_equals_replay(tmp_path_factory, atomic_dynamodb, aws_factory, jobs, seed, duplicate_rate, threads):
+def test_live_evaluation_equals_replay(
+    tmp_path_factory, atomic_dynamodb, aws_factory, jobs, seed, duplicate_rate, threads
+):
     rng = random.Random(seed)
     with mock_aws():
         aws = aws_factory()
@@ -138,7 +159,8 @@ def test_live_evaluation_equals_replay(tmp_path_factory, atomic_dynamodb, aws_fa
             assert all(n == 1 for n in ids.values()), f"an event was published twice: {ids.most_common(3)}"
             live_alerts = Counter(
                 (d["RuleConfigurationName"], d["RuleEvaluationStatus"], d["StatusDetails"])
-                for d in job_events if d["RuleEvaluationStatus"] in ("IssuesFound", "Error")
+                for d in job_events
+                if d["RuleEvaluationStatus"] in ("IssuesFound", "Error")
             )
             assert live_alerts == Counter(expected.alerts())
             # every transition replay makes is an event, once
@@ -146,7 +168,9 @@ def test_live_evaluation_equals_replay(tmp_path_factory, atomic_dynamodb, aws_fa
 
 
 def test_replay_of_a_job_is_deterministic(tmp_path):
-    job = SyntheticJob("det", world_size=2, steps=list(range(0, 40, 4)), skipped={1: {8, 12}}, nan_steps=frozenset({20}))
+    job = SyntheticJob(
+        "det", world_size=2, steps=list(range(0, 40, 4)), skipped={1: {8, 12}}, nan_steps=frozenset({20})
+    )
     for rel, body in job.objects().items():
         (tmp_path / "det" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "det" / rel).write_bytes(body)

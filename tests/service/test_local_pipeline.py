@@ -10,7 +10,6 @@ import json
 import time
 
 import pytest
-
 from trainguard.local.runtime import LocalCloud
 from trainguard.local.synthetic import SyntheticJob, noisy_decreasing
 from trainguard.service import clients
@@ -34,12 +33,24 @@ def job_events(cloud: LocalCloud, job: str) -> list[dict]:
 
 def test_faulty_job_is_alerted_once_and_stopped(cloud):
     rules = [
-        {"RuleConfigurationName": "nan-check", "RuleParameters": {"rule_to_invoke": "ExplodingTensor"},
-         "Actions": ["Email", "SMS", "StopTraining"]},
-        {"RuleConfigurationName": "LossNotDecreasing", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"}},
+        {
+            "RuleConfigurationName": "nan-check",
+            "RuleParameters": {"rule_to_invoke": "ExplodingTensor"},
+            "Actions": ["Email", "SMS", "StopTraining"],
+        },
+        {
+            "RuleConfigurationName": "LossNotDecreasing",
+            "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
+        },
     ]
-    job = SyntheticJob("faulty-1", steps=list(range(0, 60, 2)), nan_steps=frozenset({30}), rules=rules,
-                       loss=noisy_decreasing(1), ended=False)
+    job = SyntheticJob(
+        "faulty-1",
+        steps=list(range(0, 60, 2)),
+        nan_steps=frozenset({30}),
+        rules=rules,
+        loss=noisy_decreasing(1),
+        ended=False,
+    )
     put(cloud, job.job, job.objects())
     assert cloud.wait_idle(30)
     details = job_events(cloud, job.job)
@@ -47,9 +58,18 @@ def test_faulty_job_is_alerted_once_and_stopped(cloud):
     assert [(d["RuleConfigurationName"], d["Step"]) for d in fired] == [("nan-check", 30)]
     assert "NaN" in fired[0]["StatusDetails"] or "nan" in fired[0]["StatusDetails"].lower()
     # SageMaker-shaped fields, for Lambdas written against SageMaker events
-    for key in ("TrainingJobName", "RuleConfigurationName", "RuleEvaluationStatus", "StatusDetails", "LastModifiedTime"):
+    for key in (
+        "TrainingJobName",
+        "RuleConfigurationName",
+        "RuleEvaluationStatus",
+        "StatusDetails",
+        "LastModifiedTime",
+    ):
         assert key in fired[0]
-    assert {e["RuleConfigurationName"] for e in fired[0]["DebugRuleEvaluationStatuses"]} == {"nan-check", "LossNotDecreasing"}
+    assert {e["RuleConfigurationName"] for e in fired[0]["DebugRuleEvaluationStatuses"]} == {
+        "nan-check",
+        "LossNotDecreasing",
+    }
 
     sent = [n for n in cloud.sent_notifications() if "faulty-1" in n["subject"]]
     assert len(sent) == 1, "one notification per transition, never one per step"
@@ -57,11 +77,16 @@ def test_faulty_job_is_alerted_once_and_stopped(cloud):
     assert "Step:          30" in sent[0]["email"] and "What to do" in sent[0]["email"]
     assert len(sent[0]["sms"]) <= 140
 
-    stop = clients.client("s3").get_object(Bucket=cloud.resources.bucket, Key="jobs/faulty-1/control/stop.json")
+    stop = clients.client("s3").get_object(
+        Bucket=cloud.resources.bucket, Key="jobs/faulty-1/control/stop.json"
+    )
     signal = json.loads(stop["Body"].read())
     assert signal["job"] == "faulty-1" and signal["rule"] == "nan-check"
     # the other rule became Stopping (the job is being stopped)
-    assert any(d["RuleConfigurationName"] == "LossNotDecreasing" and d["RuleEvaluationStatus"] == "Stopping" for d in details)
+    assert any(
+        d["RuleConfigurationName"] == "LossNotDecreasing" and d["RuleEvaluationStatus"] == "Stopping"
+        for d in details
+    )
 
 
 def test_clean_job_ends_with_no_issues(cloud):
@@ -73,8 +98,11 @@ def test_clean_job_ends_with_no_issues(cloud):
     state, _ = StateStore(cloud.resources.table, clients.client("dynamodb")).load_state("clean-1")
     assert state.finished
     assert {r.name: r.status for r in state.rules} == {
-        "LossNotDecreasing": "NoIssuesFound", "VanishingGradient": "NoIssuesFound",
-        "ExplodingTensor": "NoIssuesFound", "DeadRelu": "NoIssuesFound", "Overfit": "NoIssuesFound",
+        "LossNotDecreasing": "NoIssuesFound",
+        "VanishingGradient": "NoIssuesFound",
+        "ExplodingTensor": "NoIssuesFound",
+        "DeadRelu": "NoIssuesFound",
+        "Overfit": "NoIssuesFound",
     }
     assert not [n for n in cloud.sent_notifications() if "clean-1" in n["subject"]]
 
@@ -85,11 +113,18 @@ def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):
     good = SyntheticJob("good-1", steps=[0, 1, 2], loss=lambda s, w: 1.0 - 0.1 * s)
     objects = good.objects()
     # a truncated object at a valid key of another job, a hostile header, a key outside the layout
-    s3.put_object(Bucket=bucket, Key="jobs/bad-1/steps/000000000001/worker-00000.safetensors", Body=b"\x10\x00")
-    s3.put_object(Bucket=bucket, Key="jobs/bad-1/steps/000000000002/worker-00000.safetensors",
-                  Body=(10**12).to_bytes(8, "little") + b"{}")
+    s3.put_object(
+        Bucket=bucket, Key="jobs/bad-1/steps/000000000001/worker-00000.safetensors", Body=b"\x10\x00"
+    )
+    s3.put_object(
+        Bucket=bucket,
+        Key="jobs/bad-1/steps/000000000002/worker-00000.safetensors",
+        Body=(10**12).to_bytes(8, "little") + b"{}",
+    )
     s3.put_object(Bucket=bucket, Key="jobs/bad-1/../../etc/passwd", Body=b"x")
-    s3.put_object(Bucket=bucket, Key="jobs/bad-1/manifest.json", Body=b'{"format": "trainguard.manifest/1", "job": 5}')
+    s3.put_object(
+        Bucket=bucket, Key="jobs/bad-1/manifest.json", Body=b'{"format": "trainguard.manifest/1", "job": 5}'
+    )
     put(cloud, "good-1", objects)
     assert cloud.wait_idle(30)
     reasons = []
@@ -110,7 +145,10 @@ def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):
 def test_unknown_rule_and_bad_parameter_are_error_statuses(cloud):
     rules = [
         {"RuleConfigurationName": "mystery", "RuleParameters": {"rule_to_invoke": "NoSuchRule"}},
-        {"RuleConfigurationName": "typo", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "ten"}},
+        {
+            "RuleConfigurationName": "typo",
+            "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "ten"},
+        },
         {"RuleConfigurationName": "fine", "RuleParameters": {"rule_to_invoke": "ExplodingTensor"}},
     ]
     job = SyntheticJob("cfg-1", steps=[0, 1, 2], rules=rules)
@@ -124,4 +162,3 @@ def test_unknown_rule_and_bad_parameter_are_error_statuses(cloud):
     assert final["typo"]["RuleEvaluationStatus"] == "Error"
     assert "num_steps" in final["typo"]["StatusDetails"]
     assert final["fine"]["RuleEvaluationStatus"] == "NoIssuesFound"
-

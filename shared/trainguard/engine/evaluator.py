@@ -57,7 +57,9 @@ def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
             modified=now,
         )
         if configured.error is not None:
-            _set_status(out, record, "Error", f"RuleConfigurationError: {configured.error}", now, previous=None)
+            _set_status(
+                out, record, "Error", f"RuleConfigurationError: {configured.error}", now, previous=None
+            )
         else:
             _set_status(out, record, "InProgress", "", now, previous=None)
         new.rules.append(record)
@@ -104,7 +106,7 @@ def apply_clock(state: JobState, now: float) -> Outcome:
         return Outcome(state)
     new = state.model_copy(deep=True)
     out = Outcome(new)
-    configured = {c.configuration_name: c for c in _configured(new.info)}
+    configured = {c.configuration_name: c for c in _configured(state.info)}
     for record in new.rules:
         rule = configured[record.name].rule if record.name in configured else None
         check = getattr(rule, "check", None)
@@ -114,7 +116,9 @@ def apply_clock(state: JobState, now: float) -> Outcome:
             rule_state, findings = check(rule.load_state(record.state), now, started=new.created)
             record.state = rule.dump_state(rule_state)
         except Exception as exc:
-            _set_status(out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now)
+            _set_status(
+                out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now
+            )
             continue
         if findings:
             _fire(out, record, findings[0], now)
@@ -122,7 +126,10 @@ def apply_clock(state: JobState, now: float) -> Outcome:
 
 
 def advance(
-    state: JobState, arrivals: Iterable[StepArrival], now: float, max_steps: int | None = MAX_STEPS_PER_ADVANCE
+    state: JobState,
+    arrivals: Iterable[StepArrival],
+    now: float,
+    max_steps: int | None = MAX_STEPS_PER_ADVANCE,
 ) -> Outcome:
     """Evaluate every step that is complete, in order; finish the job when all workers ended.
 
@@ -201,7 +208,13 @@ def _evaluate_step(out: Outcome, rules: dict[str, ConfiguredRule], data: StepDat
             rule_state, findings = rule.update(rule_state, data)
             record.state = rule.dump_state(rule_state)
         except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
-            _set_status(out, record, "Error", f"RuleEvaluationError at step {data.step}: {type(exc).__name__}: {exc}", now)
+            _set_status(
+                out,
+                record,
+                "Error",
+                f"RuleEvaluationError at step {data.step}: {type(exc).__name__}: {exc}",
+                now,
+            )
             continue
         if findings:
             _fire(out, record, findings[0], now)
@@ -221,15 +234,21 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
             try:
                 findings = rule.finish(rule.load_state(record.state))
             except Exception as exc:
-                _set_status(out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now)
+                _set_status(
+                    out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now
+                )
                 continue
         if findings:
             _fire(out, record, findings[0], now)
         elif state.stopped or state.stop_requested:
-            _set_status(out, record, "Stopped", "The training job was stopped before the rule found issues.", now)
+            _set_status(
+                out, record, "Stopped", "The training job was stopped before the rule found issues.", now
+            )
         else:
             _set_status(
-                out, record, "NoIssuesFound",
+                out,
+                record,
+                "NoIssuesFound",
                 f"NoIssuesFound: the rule {record.rule} evaluated {state.steps_evaluated} steps "
                 f"(last step {state.watermark}) without finding issues.",
                 now,
@@ -250,7 +269,12 @@ def _finite_or_none(value: float | None) -> float | None:
 
 
 def _set_status(
-    out: Outcome, record: RuleRecord, status: Status, details: str, now: float, previous: Status | None | str = "same"
+    out: Outcome,
+    record: RuleRecord,
+    status: Status,
+    details: str,
+    now: float,
+    previous: Status | str | None = "same",
 ) -> None:
     before: Status | None = record.status if previous == "same" else None
     record.status = status

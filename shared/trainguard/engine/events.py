@@ -37,7 +37,7 @@ class RuleStatusDetail(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    Schema: Literal["trainguard.rule-status/1"] = SCHEMA
+    Schema: Literal["trainguard.rule-status/1"] = "trainguard.rule-status/1"
     EventId: str
     TrainingJobName: str
     RuleConfigurationName: str

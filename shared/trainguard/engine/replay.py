@@ -69,8 +69,12 @@ def replay(
             warnings.append(str(exc))
     if manifest is None:
         sizes = [a.header.world_size for a in arrivals if a.header is not None]
-        manifest = Manifest(job=source.job, created=now, hook_version="unknown", world_size=max(sizes, default=1))
-        warnings.append("no manifest.json: assuming the default rules and the world size the step objects name")
+        manifest = Manifest(
+            job=source.job, created=now, hook_version="unknown", world_size=max(sizes, default=1)
+        )
+        warnings.append(
+            "no manifest.json: assuming the default rules and the world size the step objects name"
+        )
     if rules is not None:
         manifest = manifest.model_copy(update={"rules": rules})
     state = JobState(job=source.job)

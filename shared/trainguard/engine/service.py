@@ -28,7 +28,14 @@ from trainguard.engine.evaluator import (
     request_stop,
 )
 from trainguard.engine.model import JobState, StepArrival
-from trainguard.engine.sources import ObjectError, read_document, read_end, read_head, read_manifest, step_arrival
+from trainguard.engine.sources import (
+    ObjectError,
+    read_document,
+    read_end,
+    read_head,
+    read_manifest,
+    step_arrival,
+)
 from trainguard.engine.store import HeaderTooLarge, Loaded, StateStore, VersionConflict
 from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, ObjectRef, parse_key
 
@@ -57,14 +64,21 @@ class Publisher:
 
         for start in range(0, len(details), 10):
             entries = [
-                {"Source": EVENT_SOURCE, "DetailType": DETAIL_TYPE, "Detail": d, "EventBusName": self.bus_name}
+                {
+                    "Source": EVENT_SOURCE,
+                    "DetailType": DETAIL_TYPE,
+                    "Detail": d,
+                    "EventBusName": self.bus_name,
+                }
                 for d in details[start : start + 10]
             ]
             self.requests += 1
             resp = self.client.put_events(Entries=entries)
             if resp.get("FailedEntryCount", 0):
                 codes = {e.get("ErrorCode") for e in resp.get("Entries", []) if e.get("ErrorCode")}
-                raise RuntimeError(f"PutEvents failed for {resp['FailedEntryCount']} entries: {sorted(codes)}")
+                raise RuntimeError(
+                    f"PutEvents failed for {resp['FailedEntryCount']} entries: {sorted(codes)}"
+                )
 
 
 @dataclass
@@ -121,7 +135,9 @@ class EvaluateService:
         if ref.kind is ObjectKind.END:
             marker = read_end(self._document(bucket, key))
             if (marker.job, marker.worker) != (ref.job, ref.worker):
-                raise PermanentError(f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}")
+                raise PermanentError(
+                    f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}"
+                )
             self._update(ref, lambda s: apply_end(s, marker))
             return None
         # system samples are evaluated by the profiler path; stop signals and reports are ours
@@ -189,7 +205,7 @@ class EvaluateService:
             try:
                 self.store.commit(second.state, loaded.version, events, now)
             except VersionConflict:
-                time.sleep(random.uniform(0, 0.02 * (attempt + 1)))  # noqa: S311 - jitter, not crypto
+                time.sleep(random.uniform(0, 0.02 * (attempt + 1)))
                 continue
             result.transitions = len(transitions)
             result.steps_evaluated = second.state.steps_evaluated - loaded.state.steps_evaluated

@@ -7,6 +7,7 @@ checked by the codec before use; a bad object becomes a ``StepArrival`` with ``b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -110,10 +111,8 @@ class LocalJob:
         job = root.name
         manifest = root / "manifest.json"
         if manifest.is_file():
-            try:
+            with contextlib.suppress(ObjectError):  # a bad manifest: the folder name is the job
                 job = read_manifest(manifest.read_bytes()).job
-            except ObjectError:
-                pass
         return LocalJob(root, job)
 
     def objects(self) -> Iterator[ObjectRef]:

@@ -167,14 +167,23 @@ class StateStore:
             if not outbox:
                 self.client.put_item(TableName=self.table, Item=state_item, **condition)
             else:
-                items: list[dict[str, Any]] = [{"Put": {"TableName": self.table, "Item": state_item, **condition}}]
+                items: list[dict[str, Any]] = [
+                    {"Put": {"TableName": self.table, "Item": state_item, **condition}}
+                ]
                 for event_id, detail in outbox.items():
-                    items.append({"Put": {"TableName": self.table, "Item": {
-                        "pk": {"S": pk(state.job)},
-                        "sk": {"S": OUTBOX_PREFIX + event_id},
-                        "detail": {"S": detail},
-                        "created": {"N": repr(now)},
-                    }}})
+                    items.append(
+                        {
+                            "Put": {
+                                "TableName": self.table,
+                                "Item": {
+                                    "pk": {"S": pk(state.job)},
+                                    "sk": {"S": OUTBOX_PREFIX + event_id},
+                                    "detail": {"S": detail},
+                                    "created": {"N": repr(now)},
+                                },
+                            }
+                        }
+                    )
                 self.client.transact_write_items(TransactItems=items)
         except self.client.exceptions.ConditionalCheckFailedException:
             raise VersionConflict(state.job) from None
@@ -194,7 +203,8 @@ class StateStore:
     def _delete(self, job: str, sks: list[str]) -> None:
         for start in range(0, len(sks), 25):
             requests = [
-                {"DeleteRequest": {"Key": {"pk": {"S": pk(job)}, "sk": {"S": sk}}}} for sk in sks[start : start + 25]
+                {"DeleteRequest": {"Key": {"pk": {"S": pk(job)}, "sk": {"S": sk}}}}
+                for sk in sks[start : start + 25]
             ]
             pending: dict[str, Any] = {self.table: requests}
             for _ in range(5):
@@ -244,7 +254,9 @@ def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
     _, step, worker = sk.split("#")
     header = None
     if "hdr" in item:
-        header = StepHeader.model_validate_json(zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024))
+        header = StepHeader.model_validate_json(
+            zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
+        )
     prev = int(item["prev"]["N"]) if "prev" in item else None
     bad = item["bad"]["S"] if "bad" in item else None
     return StepArrival(int(step), int(worker), prev, header, bad)

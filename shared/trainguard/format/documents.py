@@ -103,7 +103,7 @@ class ModeRecord(_Strict):
 class StepHeader(_Strict):
     """The step document in ``__metadata__["trainguard"]`` of a step object."""
 
-    format: Literal["trainguard.step/1"] = STEP_FORMAT
+    format: Literal["trainguard.step/1"] = "trainguard.step/1"
     job: JobName
     step: int = Field(ge=0)
     worker: int = Field(ge=0)
@@ -141,7 +141,7 @@ class ManifestCollection(_Strict):
 
 
 class Manifest(_Strict):
-    format: Literal["trainguard.manifest/1"] = MANIFEST_FORMAT
+    format: Literal["trainguard.manifest/1"] = "trainguard.manifest/1"
     job: JobName
     created: float
     hook_version: ShortText
@@ -162,7 +162,7 @@ class Manifest(_Strict):
 
 
 class EndMarker(_Strict):
-    format: Literal["trainguard.end/1"] = END_FORMAT
+    format: Literal["trainguard.end/1"] = "trainguard.end/1"
     job: JobName
     worker: int = Field(ge=0)
     world_size: int = Field(ge=1, le=100_000)
@@ -177,7 +177,7 @@ class EndMarker(_Strict):
 
 
 class StopSignal(_Strict):
-    format: Literal["trainguard.stop/1"] = STOP_FORMAT
+    format: Literal["trainguard.stop/1"] = "trainguard.stop/1"
     job: JobName
     rule: ShortText
     reason: Annotated[str, StringConstraints(max_length=1024)]
@@ -202,7 +202,9 @@ def step_metadata(header: StepHeader) -> dict[str, str]:
 def header_from_metadata(metadata: dict[str, str]) -> StepHeader:
     raw = metadata.get(stepfile.METADATA_KEY)
     if raw is None:
-        raise stepfile.StepFormatError(f"no {stepfile.METADATA_KEY!r} entry in __metadata__: not a trainguard step object")
+        raise stepfile.StepFormatError(
+            f"no {stepfile.METADATA_KEY!r} entry in __metadata__: not a trainguard step object"
+        )
     try:
         return StepHeader.model_validate_json(raw)
     except ValueError as exc:
@@ -217,7 +219,9 @@ def encode_step(header: StepHeader, tensors: dict[str, stepfile.TensorBlob]) -> 
     return stepfile.encode(tensors, step_metadata(header))
 
 
-def decode_step_header(data: bytes, object_size: int | None = None) -> tuple[StepHeader, stepfile.ParsedHeader]:
+def decode_step_header(
+    data: bytes, object_size: int | None = None
+) -> tuple[StepHeader, stepfile.ParsedHeader]:
     parsed = stepfile.parse_header(data, object_size)
     return header_from_metadata(parsed.metadata), parsed
 

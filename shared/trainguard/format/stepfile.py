@@ -94,7 +94,9 @@ class TensorBlob:
         if name is None:
             name = _NUMPY_TO_NAME.get(arr.dtype)
         if name is None:
-            raise StepFormatError(f"cannot store numpy dtype {arr.dtype}; supported: {sorted(SUPPORTED_DTYPES)}")
+            raise StepFormatError(
+                f"cannot store numpy dtype {arr.dtype}; supported: {sorted(SUPPORTED_DTYPES)}"
+            )
         little = np.ascontiguousarray(arr, dtype=_DTYPES[name])
         return TensorBlob(name, tuple(int(d) for d in arr.shape), little.tobytes())
 
@@ -144,8 +146,14 @@ def encode(tensors: Mapping[str, TensorBlob], metadata: Mapping[str, str]) -> by
             raise StepFormatError(f"tensor {name!r}: unsupported dtype {blob.dtype!r}")
         expected = _DTYPES[blob.dtype].itemsize * math.prod(blob.shape)
         if len(blob.data) != expected:
-            raise StepFormatError(f"tensor {name!r}: {len(blob.data)} bytes for shape {blob.shape} {blob.dtype}")
-        header[name] = {"dtype": blob.dtype, "shape": list(blob.shape), "data_offsets": [offset, offset + expected]}
+            raise StepFormatError(
+                f"tensor {name!r}: {len(blob.data)} bytes for shape {blob.shape} {blob.dtype}"
+            )
+        header[name] = {
+            "dtype": blob.dtype,
+            "shape": list(blob.shape),
+            "data_offsets": [offset, offset + expected],
+        }
         offset += expected
     raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     raw += b" " * (-(8 + len(raw)) % 8)  # align buffers to 8 bytes, as safetensors does
@@ -159,7 +167,9 @@ def encode(tensors: Mapping[str, TensorBlob], metadata: Mapping[str, str]) -> by
 def header_length(prefix: bytes) -> int:
     """The declared JSON header length from the first 8 bytes, checked against the cap."""
     if len(prefix) < 8:
-        raise StepFormatError(f"object is {len(prefix)} bytes; a step object starts with an 8-byte header length")
+        raise StepFormatError(
+            f"object is {len(prefix)} bytes; a step object starts with an 8-byte header length"
+        )
     (length,) = struct.unpack("<Q", prefix[:8])
     if length == 0 or length > MAX_HEADER_BYTES:
         raise StepFormatError(f"declared header length {length} is outside 1..{MAX_HEADER_BYTES}")
@@ -215,13 +225,17 @@ def _parse_entry(name: str, spec: Any, data_start: int) -> TensorEntry:
     if dtype not in _DTYPES:
         raise StepFormatError(f"tensor {name!r}: unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_count(d) for d in shape):
-        raise StepFormatError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
+        raise StepFormatError(
+            f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints"
+        )
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
         raise StepFormatError(f"tensor {name!r}: data_offsets must be two non-negative ints")
     begin, end = offsets
     nbytes = _DTYPES[dtype].itemsize * math.prod(shape)  # python ints: no overflow
     if end < begin or end - begin != nbytes:
-        raise StepFormatError(f"tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype} ({nbytes} needed)")
+        raise StepFormatError(
+            f"tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype} ({nbytes} needed)"
+        )
     if nbytes > MAX_TENSOR_BYTES:
         raise StepFormatError(f"tensor {name!r}: {nbytes} bytes exceeds the {MAX_TENSOR_BYTES}-byte limit")
     return TensorEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
 
-from trainguard.local.runtime import CustomAction, LocalCloud
+from trainguard.local.runtime import DEMO_EMAIL, DEMO_PHONE, CustomAction, LocalCloud
 
 
 class Timeline:
@@ -51,7 +51,9 @@ class Timeline:
         other = [k.split("/", 2)[-1] for k in keys if "/steps/" not in k]
         parts = []
         if steps:
-            parts.append(f"step{'s' if len(steps) > 1 else ''} {', '.join(steps[:6])}{' …' if len(steps) > 6 else ''}")
+            parts.append(
+                f"step{'s' if len(steps) > 1 else ''} {', '.join(steps[:6])}{' …' if len(steps) > 6 else ''}"
+            )
         parts += other
         self.say(f"λ evaluate: {'; '.join(parts)} ({seconds * 1000:.0f} ms)")
 
@@ -68,14 +70,19 @@ class Timeline:
         while not self._stop.wait(0.1):
             try:
                 sent = self.cloud.sent_notifications()
-            except Exception:  # the cloud is shutting down
+            except Exception:  # noqa: S112 - the cloud is shutting down; try again next tick
                 continue
             for note in sent[self._sent_seen :]:
                 self._sent_seen += 1
-                lines = [f"✉ SNS → email {'(delivered)' if 'Email' in note['channels'] else '(filtered out)'}: "
-                         f"{note['subject']}"]
+                lines = [
+                    f"✉ SNS → email {'(delivered)' if 'Email' in note['channels'] else '(filtered out)'}: "
+                    f"{note['subject']}"
+                ]
                 lines += ["    │ " + line for line in (note["email"] or "").splitlines()]
-                lines.append(f"✆ SNS → SMS {'(delivered)' if 'SMS' in note['channels'] else '(filtered out)'}: {note['sms']}")
+                lines.append(
+                    f"✆ SNS → SMS {'(delivered)' if 'SMS' in note['channels'] else '(filtered out)'}: "
+                    f"{note['sms']}"
+                )
                 self.say("\n".join(lines), always=True)
 
     def close(self) -> None:
@@ -120,16 +127,30 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
         assert cloud.resources is not None
         res = cloud.resources
         print(f"moto server      {res.endpoint}")
-        print(f"bucket           s3://{res.bucket}/jobs/  → SQS {res.queues['ingest'].rsplit('/', 1)[-1]} (DLQ)")
+        print(
+            f"bucket           s3://{res.bucket}/jobs/  → SQS {res.queues['ingest'].rsplit('/', 1)[-1]} (DLQ)"
+        )
         print(f"state table      {res.table}")
         print(f"event bus        {res.bus}: rules {', '.join(res.targets)}")
-        print(f"alerts topic     {res.topic_arn.rsplit(':', 1)[-1]}: email ml-team@example.com, SMS +15555550100\n")
+        print(f"alerts topic     {res.topic_arn.rsplit(':', 1)[-1]}: email {DEMO_EMAIL}, SMS {DEMO_PHONE}\n")
         timeline = Timeline(cloud, quiet=quiet)
         outcome: dict[str, Any] = {}
         try:
             for job, job_fault in ((f"demo-{fault}", fault), ("demo-clean-twin", "none")):
-                timeline.say(f"━━ job {job}: {'fault ' + job_fault if job_fault != 'none' else 'no fault (the clean twin)'}", always=True)
-                cmd = [sys.executable, "-m", "trainguard.local.demo_job", "--fault", job_fault, "--steps", str(steps)]
+                timeline.say(
+                    f"━━ job {job}: "
+                    + (f"fault {job_fault}" if job_fault != "none" else "no fault (the clean twin)"),
+                    always=True,
+                )
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "trainguard.local.demo_job",
+                    "--fault",
+                    job_fault,
+                    "--steps",
+                    str(steps),
+                ]
                 code = _run_training(cmd, _job_env(cloud, job), timeline, "train")
                 if not cloud.wait_idle(60):
                     timeline.say("warning: queues did not drain within 60 s", always=True)
@@ -152,8 +173,10 @@ def _verdict(outcome: dict[str, Any], faulty: str) -> int:
     else:
         fired = next(r for r in state.rules if r.status == "IssuesFound")
         stopped = state.stopped or state.stop_requested
-        print(f"\n✓ {faulty}: {fired.name} found issues at step {fired.step}; "
-              f"{'the job was stopped' if stopped else 'the job was not stopped'}")
+        print(
+            f"\n✓ {faulty}: {fired.name} found issues at step {fired.step}; "
+            f"{'the job was stopped' if stopped else 'the job was not stopped'}"
+        )
         ok = ok and stopped and code == 0
     code, state = outcome.get("demo-clean-twin", (1, None))
     if state is None or not state.finished or any(r.status != "NoIssuesFound" for r in state.rules):
@@ -174,8 +197,10 @@ def run_local(cmd: list[str], job: str | None = None, actions: list[dict[str, An
     custom = [CustomAction(a["name"], a["pattern"], a["handler"]) for a in actions or []]
     with LocalCloud(name="trainguard-local", custom_actions=custom) as cloud:
         assert cloud.resources is not None
-        print(f"local trainguard on {cloud.resources.endpoint}; the job writes to "
-              f"s3://{cloud.resources.bucket}/jobs/{job} (TRAINGUARD_OUT_DIR)")
+        print(
+            f"local trainguard on {cloud.resources.endpoint}; the job writes to "
+            f"s3://{cloud.resources.bucket}/jobs/{job} (TRAINGUARD_OUT_DIR)"
+        )
         timeline = Timeline(cloud)
         try:
             code = _run_training(cmd, _job_env(cloud, job), timeline, "job")

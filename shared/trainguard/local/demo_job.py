@@ -11,29 +11,40 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 FAULTS = ("none", "exploding", "dead-relu", "flat-loss")
 
 DEMO_RULES = [
-    {"RuleConfigurationName": "ExplodingTensor", "RuleParameters": {"rule_to_invoke": "ExplodingTensor"},
-     "Actions": ["Email", "SMS", "StopTraining"]},
-    {"RuleConfigurationName": "LossNotDecreasing",
-     "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
-     "Actions": ["Email", "SMS", "StopTraining"]},
-    {"RuleConfigurationName": "DeadRelu", "RuleParameters": {"rule_to_invoke": "DeadRelu"},
-     "Actions": ["Email", "SMS", "StopTraining"]},
+    {
+        "RuleConfigurationName": "ExplodingTensor",
+        "RuleParameters": {"rule_to_invoke": "ExplodingTensor"},
+        "Actions": ["Email", "SMS", "StopTraining"],
+    },
+    {
+        "RuleConfigurationName": "LossNotDecreasing",
+        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
+        "Actions": ["Email", "SMS", "StopTraining"],
+    },
+    {
+        "RuleConfigurationName": "DeadRelu",
+        "RuleParameters": {"rule_to_invoke": "DeadRelu"},
+        "Actions": ["Email", "SMS", "StopTraining"],
+    },
     {"RuleConfigurationName": "VanishingGradient", "RuleParameters": {"rule_to_invoke": "VanishingGradient"}},
     {"RuleConfigurationName": "Overfit", "RuleParameters": {"rule_to_invoke": "Overfit"}},
 ]
 
 
-def rings(n: int, seed: int):  # two noisy concentric rings, as sklearn's make_circles
+def rings(n: int, seed: int) -> tuple[Any, Any]:  # two noisy concentric rings, as sklearn's make_circles
     import torch
 
     g = torch.Generator().manual_seed(seed)
     label = torch.randint(0, 2, (n,), generator=g)
     angle = torch.rand(n, generator=g) * 2 * math.pi
-    radius = torch.where(label == 1, 0.5, 1.0) + 0.2 * torch.randn(n, generator=g)  # overlapping: loss plateaus
+    radius = torch.where(label == 1, 0.5, 1.0) + 0.2 * torch.randn(
+        n, generator=g
+    )  # overlapping: loss plateaus
     x = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=1)
     return x, label
 
@@ -43,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault", choices=FAULTS, default="none")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--fault-step", type=int, default=40, help="when the exploding fault starts")
-    parser.add_argument("--pace", type=float, default=0.03, help="seconds per step, so the timeline is readable")
+    parser.add_argument(
+        "--pace", type=float, default=0.03, help="seconds per step, so the timeline is readable"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -59,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fault == "dead-relu":
         with torch.no_grad():
             for layer in (model[0], model[2]):
-                layer.bias.fill_(-50.0)
+                layer.bias.fill_(-50.0)  # type: ignore[operator]
     elif args.fault == "flat-loss":
         lr = 1e-9
     loss_fn = nn.CrossEntropyLoss()
@@ -90,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {step:4d}  loss {loss.item():.4f}", flush=True)
             time.sleep(args.pace)
     except trainguard.StopTrainingRequested as stop:
-        print(f"step {step:4d}  trainguard asked this job to stop ({stop}); checkpointing and exiting", flush=True)
+        print(
+            f"step {step:4d}  trainguard asked this job to stop ({stop}); checkpointing and exiting",
+            flush=True,
+        )
         hook.close()
         return 0
     finally:

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -43,7 +43,9 @@ LOCAL_RETRY_DELAY_S = 1
 
 def create_table(ddb: Any, name: str) -> None:
     """The state table as ``trainguard.wiring.TABLE`` describes it."""
-    keys = {TABLE.partition_key, TABLE.sort_key} | {k for i in TABLE.indexes for k in (i.partition_key, i.sort_key)}
+    keys = {TABLE.partition_key, TABLE.sort_key} | {
+        k for i in TABLE.indexes for k in (i.partition_key, i.sort_key)
+    }
     ddb.create_table(
         TableName=name,
         KeySchema=[
@@ -113,7 +115,7 @@ class Resources:
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",  # noqa: S105 - moto's dummy credentials
+            "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": REGION,
             "TRAINGUARD_BUCKET": self.bucket,
         }
@@ -224,7 +226,7 @@ class LocalCloud:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _set_env(self, values: dict[str, str | None]) -> None:
+    def _set_env(self, values: Mapping[str, str | None]) -> None:
         for key, value in values.items():
             self._saved_env.setdefault(key, os.environ.get(key))
             if value is None:
@@ -247,7 +249,9 @@ class LocalCloud:
         create_table(ddb, res.table)
         for queue in self.wiring.queues:
             dlq_url = sqs.create_queue(QueueName=f"{self.name}-{queue.id}-dlq")["QueueUrl"]
-            dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+                "QueueArn"
+            ]
             url = sqs.create_queue(
                 QueueName=f"{self.name}-{queue.id}",
                 Attributes={
@@ -273,12 +277,19 @@ class LocalCloud:
         )
         events.create_event_bus(Name=res.bus)
         rules = list(self.wiring.bus_rules)
-        rules += [BusRuleSpec(f"custom-{a.name}", "user action", a.pattern, target=f"custom:{a.name}") for a in self.custom_actions]
+        rules += [
+            BusRuleSpec(f"custom-{a.name}", "user action", a.pattern, target=f"custom:{a.name}")
+            for a in self.custom_actions
+        ]
         if self.observe:
-            rules.append(BusRuleSpec("observer", "local timeline", {"source": ["trainguard"]}, target="observer"))
+            rules.append(
+                BusRuleSpec("observer", "local timeline", {"source": ["trainguard"]}, target="observer")
+            )
         for rule in rules:
             url = sqs.create_queue(QueueName=f"{self.name}-target-{rule.id}")["QueueUrl"]
-            events.put_rule(Name=f"{self.name}-{rule.id}", EventBusName=res.bus, EventPattern=json.dumps(rule.pattern))
+            events.put_rule(
+                Name=f"{self.name}-{rule.id}", EventBusName=res.bus, EventPattern=json.dumps(rule.pattern)
+            )
             events.put_targets(
                 Rule=f"{self.name}-{rule.id}",
                 EventBusName=res.bus,
@@ -287,18 +298,24 @@ class LocalCloud:
             res.targets[rule.id] = url
         res.topic_arn = sns.create_topic(Name=f"{self.name}-alerts")["TopicArn"]
         sns.subscribe(
-            TopicArn=res.topic_arn, Protocol="email", Endpoint=DEMO_EMAIL,
+            TopicArn=res.topic_arn,
+            Protocol="email",
+            Endpoint=DEMO_EMAIL,
             Attributes={"FilterPolicy": json.dumps({"actions": ["Email"]})},
         )
         sns.subscribe(
-            TopicArn=res.topic_arn, Protocol="sms", Endpoint=DEMO_PHONE,
+            TopicArn=res.topic_arn,
+            Protocol="sms",
+            Endpoint=DEMO_PHONE,
             Attributes={"FilterPolicy": json.dumps({"actions": ["SMS"]})},
         )
         return res
 
     @staticmethod
     def _queue_arn(url: str) -> str:
-        arn: str = clients.client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        arn: str = clients.client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
         return arn
 
     # delivery ---------------------------------------------------------------------------
@@ -316,13 +333,15 @@ class LocalCloud:
             if fn.queue is not None:
                 self._spawn(self._poll_sqs_trigger, fn.id, self.resources.queues[fn.queue], handlers[fn.id])
             if fn.schedule_minutes is not None:
-                self._spawn(self._schedule, fn.id, fn.schedule_minutes * 60 / self.clock_speedup, handlers[fn.id])
+                self._spawn(
+                    self._schedule, fn.id, fn.schedule_minutes * 60 / self.clock_speedup, handlers[fn.id]
+                )
         rules = {r.id: r for r in self.wiring.bus_rules}
         for rule_id, url in self.resources.targets.items():
             if rule_id == "observer":
                 self._spawn(self._poll_observer, url)
             else:
-                target = rules[rule_id].target if rule_id in rules else f"custom:{rule_id[len('custom-'):]}"
+                target = rules[rule_id].target if rule_id in rules else f"custom:{rule_id[len('custom-') :]}"
                 self._spawn(self._poll_bus_target, target, url, handlers[target])
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
@@ -333,14 +352,19 @@ class LocalCloud:
     def _receive(self, url: str) -> list[dict[str, Any]]:
         sqs = clients.client("sqs")
         resp = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
-            AttributeNames=["All"], MessageAttributeNames=["All"],
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=0,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
         )
         return list(resp.get("Messages", []))
 
     def _invoke(self, fid: str, handler: Callable[[dict[str, Any], Any], Any], event: dict[str, Any]) -> Any:
         spec = next((f for f in self.wiring.functions if f.id == fid), None)
-        context = LambdaContext(f"{self.name}-{fid}", spec.memory_mb if spec else 128, spec.timeout_s if spec else 30)
+        context = LambdaContext(
+            f"{self.name}-{fid}", spec.memory_mb if spec else 128, spec.timeout_s if spec else 30
+        )
         started = time.perf_counter()
         self.invocations[fid] = self.invocations.get(fid, 0) + 1
         result = handler(event, context)
@@ -368,7 +392,9 @@ class LocalCloud:
                 for message in messages:
                     if message["MessageId"] in failed:
                         sqs.change_message_visibility(
-                            QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=LOCAL_RETRY_DELAY_S
+                            QueueUrl=url,
+                            ReceiptHandle=message["ReceiptHandle"],
+                            VisibilityTimeout=LOCAL_RETRY_DELAY_S,
                         )
                     else:
                         sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
@@ -381,9 +407,15 @@ class LocalCloud:
         """EventBridge Scheduler's rate rule: the same event shape, every ``period_s``."""
         while not self._stop.wait(period_s):
             event = {
-                "version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
-                "account": ACCOUNT, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": REGION,
-                "resources": [f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{self.name}-{fid}"], "detail": {},
+                "version": "0",
+                "id": str(uuid.uuid4()),
+                "detail-type": "Scheduled Event",
+                "source": "aws.events",
+                "account": ACCOUNT,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "region": REGION,
+                "resources": [f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{self.name}-{fid}"],
+                "detail": {},
             }
             try:
                 self._invoke(fid, handler, event)
@@ -407,7 +439,9 @@ class LocalCloud:
                         self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
                         logger.exception("local %s invocation failed", fid)
                         sqs.change_message_visibility(
-                            QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=LOCAL_RETRY_DELAY_S
+                            QueueUrl=url,
+                            ReceiptHandle=message["ReceiptHandle"],
+                            VisibilityTimeout=LOCAL_RETRY_DELAY_S,
                         )
             except Exception as exc:
                 if not self._stop.is_set():
@@ -447,20 +481,24 @@ class LocalCloud:
             except json.JSONDecodeError:
                 texts = {"default": message}
             channels = json.loads((attributes or {}).get("actions", {}).get("Value", "[]") or "[]")
-            out.append({
-                "message_id": message_id,
-                "subject": subject,
-                "email": texts.get("email", texts.get("default")),
-                "sms": texts.get("sms", texts.get("default")),
-                "channels": channels,
-            })
+            out.append(
+                {
+                    "message_id": message_id,
+                    "subject": subject,
+                    "email": texts.get("email", texts.get("default")),
+                    "sms": texts.get("sms", texts.get("default")),
+                    "channels": channels,
+                }
+            )
         return out
 
     def dlq_messages(self, queue_id: str = "ingest") -> list[dict[str, Any]]:
         assert self.resources is not None
         sqs = clients.client("sqs")
         resp = sqs.receive_message(
-            QueueUrl=self.resources.dlqs[queue_id], MaxNumberOfMessages=10, MessageAttributeNames=["All"],
+            QueueUrl=self.resources.dlqs[queue_id],
+            MaxNumberOfMessages=10,
+            MessageAttributeNames=["All"],
             VisibilityTimeout=0,
         )
         return list(resp.get("Messages", []))
@@ -479,7 +517,9 @@ class LocalCloud:
                     QueueUrl=url,
                     AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
                 )["Attributes"]
-                if int(attrs["ApproximateNumberOfMessages"]) or int(attrs["ApproximateNumberOfMessagesNotVisible"]):
+                if int(attrs["ApproximateNumberOfMessages"]) or int(
+                    attrs["ApproximateNumberOfMessagesNotVisible"]
+                ):
                     busy = True
                     break
             now = time.monotonic()

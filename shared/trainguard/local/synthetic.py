@@ -48,8 +48,13 @@ class SyntheticJob:
         now = time.time()
         out: dict[str, bytes] = {}
         manifest = d.Manifest(
-            job=self.job, created=now, hook_version="synthetic", world_size=self.world_size, rules=self.rules,
-            sagemaker_training_job_name=self.sagemaker_name, allow_sagemaker_stop=self.allow_sagemaker_stop,
+            job=self.job,
+            created=now,
+            hook_version="synthetic",
+            world_size=self.world_size,
+            rules=self.rules,
+            sagemaker_training_job_name=self.sagemaker_name,
+            allow_sagemaker_stop=self.allow_sagemaker_stop,
         )
         out[MANIFEST] = d.dump_document(manifest)
         for worker in range(self.world_size):
@@ -60,24 +65,33 @@ class SyntheticJob:
                 out[step_key(step, worker)] = d.encode_step(self.header(step, worker, prev, now), {})
                 prev = step
             if self.ended:
-                marker = d.EndMarker(job=self.job, worker=worker, world_size=self.world_size, last_step=prev, wall_time=now)
+                marker = d.EndMarker(
+                    job=self.job, worker=worker, world_size=self.world_size, last_step=prev, wall_time=now
+                )
                 out[end_key(worker)] = d.dump_document(marker)
         return out
 
     def header(self, step: int, worker: int, prev: int | None, now: float) -> d.StepHeader:
-        modes: dict[Any, d.ModeRecord] = {"TRAIN": d.ModeRecord(
-            mode_step=step,
-            scalars={"loss": d.ScalarRecord(value=self.loss(step, worker), collections=["losses"])},
-            tensors=self._tensors(step, worker),
-        )}
+        modes: dict[Any, d.ModeRecord] = {
+            "TRAIN": d.ModeRecord(
+                mode_step=step,
+                scalars={"loss": d.ScalarRecord(value=self.loss(step, worker), collections=["losses"])},
+                tensors=self._tensors(step, worker),
+            )
+        }
         eval_loss = self.eval_loss(step, worker)
         if eval_loss is not None:
             modes["EVAL"] = d.ModeRecord(
                 mode_step=step, scalars={"loss": d.ScalarRecord(value=eval_loss, collections=["losses"])}
             )
         return d.StepHeader(
-            job=self.job, step=step, worker=worker, world_size=self.world_size, prev_step=prev,
-            wall_time=now + step * 0.01, modes=modes,
+            job=self.job,
+            step=step,
+            worker=worker,
+            world_size=self.world_size,
+            prev_step=prev,
+            wall_time=now + step * 0.01,
+            modes=modes,
         )
 
     def _tensors(self, step: int, worker: int) -> dict[str, d.TensorRecord]:
@@ -86,17 +100,24 @@ class SyntheticJob:
         tensors: dict[str, d.TensorRecord] = {}
         for layer in range(self.layers):
             tensors[f"layer{layer}.weight_grad"] = d.TensorRecord(
-                collections=["gradients"], dtype="float32", shape=[64, 64],
+                collections=["gradients"],
+                dtype="float32",
+                shape=[64, 64],
                 stats=_stats(g, nan, 4096),
             )
             tensors[f"layer{layer}.weight"] = d.TensorRecord(
-                collections=["weights"], dtype="float32", shape=[64, 64], stats=_stats(0.05, 0, 4096),
+                collections=["weights"],
+                dtype="float32",
+                shape=[64, 64],
+                stats=_stats(0.05, 0, 4096),
             )
         units = self.relu_units
         dead = int(units * self.dead_fraction)
         activity = [0.0] * dead + [0.5] * (units - dead)
         tensors["relu0_output"] = d.TensorRecord(
-            collections=["relu_output"], dtype="float32", shape=[32, units],
+            collections=["relu_output"],
+            dtype="float32",
+            shape=[32, units],
             stats=_stats(0.3, 0, 32 * units).model_copy(update={"unit_active": activity, "samples": 32}),
         )
         return tensors
@@ -105,8 +126,17 @@ class SyntheticJob:
 def _stats(mean_abs: float, nan: int, numel: int) -> d.TensorStats:
     value = math.nan if nan else mean_abs
     return d.TensorStats(
-        numel=numel, mean=0.0 if not nan else math.nan, std=value, min=-value, max=value,
-        mean_abs=value, l1=value * numel, l2=value * math.sqrt(numel), zeros=0, nan=nan, inf=0,
+        numel=numel,
+        mean=0.0 if not nan else math.nan,
+        std=value,
+        min=-value,
+        max=value,
+        mean_abs=value,
+        l1=value * numel,
+        l2=value * math.sqrt(numel),
+        zeros=0,
+        nan=nan,
+        inf=0,
         percentiles={"5": -value, "50": 0.0, "95": value},
     )
 

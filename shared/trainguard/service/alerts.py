@@ -20,15 +20,21 @@ class Alert:
 
 
 def _advice(rule_name: str) -> str:
-    from trainguard.rules.registry import RULES
+    from trainguard.rules.plugins import rule_class
 
-    cls = RULES.get(rule_name)
-    return cls.advice if cls is not None and cls.advice else "Inspect the job's saved data with trainguard.create_trial."
+    cls = rule_class(rule_name)  # built-in or custom (TRAINGUARD_RULE_MODULES)
+    return (
+        cls.advice
+        if cls is not None and cls.advice
+        else "Inspect the job's saved data with trainguard.create_trial."
+    )
 
 
 def render(detail: RuleStatusDetail) -> Alert:
     job, rule, status = detail.TrainingJobName, detail.RuleConfigurationName, detail.RuleEvaluationStatus
-    when = dt.datetime.fromtimestamp(detail.LastModifiedTime, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = dt.datetime.fromtimestamp(detail.LastModifiedTime, tz=dt.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
     subject = f"trainguard: {rule} {status} in {job}"[:SUBJECT_MAX_CHARS]
     lines = [
         f"Training job:  {job}",
@@ -50,9 +56,15 @@ def render(detail: RuleStatusDetail) -> Alert:
     if "StopTraining" in detail.Actions:
         lines.append("This rule's StopTraining action is stopping the job.")
     lines += ["", f"Event id: {detail.EventId}", "Other rules of this job:"]
-    lines += [f"  - {e.RuleConfigurationName}: {e.RuleEvaluationStatus}" for e in detail.DebugRuleEvaluationStatuses]
+    lines += [
+        f"  - {e.RuleConfigurationName}: {e.RuleEvaluationStatus}" for e in detail.DebugRuleEvaluationStatuses
+    ]
     at = f" step {detail.Step}" if detail.Step is not None else ""
-    value = f" {fmt(detail.Value)}>{fmt(detail.Threshold)}" if detail.Value is not None and detail.Threshold is not None else ""
+    value = (
+        f" {fmt(detail.Value)}>{fmt(detail.Threshold)}"
+        if detail.Value is not None and detail.Threshold is not None
+        else ""
+    )
     sms = f"trainguard {job}: {rule} {status}{at}{value}"
     if len(sms) > SMS_MAX_CHARS:
         sms = sms[: SMS_MAX_CHARS - 3] + "..."

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 from functools import lru_cache
-from collections.abc import Callable
 from urllib.parse import unquote_plus
 
 from trainguard.engine.service import EvaluateService, PermanentError, Publisher

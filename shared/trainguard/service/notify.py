@@ -9,8 +9,8 @@ at-least-once delivery) is dropped here by Powertools idempotency on the event's
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from trainguard.engine.events import RuleStatusDetail
@@ -56,7 +56,7 @@ def _once() -> tuple[Callable[..., dict[str, Any]], Any]:
     )
     config = IdempotencyConfig(event_key_jmespath="EventId", expires_after_seconds=7 * 24 * 3600)
 
-    @idempotent_function(data_keyword_argument="detail", persistence_store=store, config=config)
+    @idempotent_function(data_keyword_argument="detail", persistence_store=store, config=config)  # type: ignore[untyped-decorator]
     def publish_once(detail: dict[str, Any]) -> dict[str, Any]:
         return publish(RuleStatusDetail.model_validate(detail))
 
