@@ -38,6 +38,8 @@ class Outcome:
     #: (step, worker) arrivals that were evaluated or are stale and can be deleted
     consumed: list[tuple[int, int]] = field(default_factory=list)
     changed: bool = False
+    #: per evaluated step: (step, wall time, {"<MODE>.<scalar>": mean over workers}) for metrics
+    scalars: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
 
 
 def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
@@ -182,10 +184,25 @@ def advance(
         if headers:
             data = StepData.from_headers(headers)
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
+            out.scalars.append((data.step, data.wall_time, scalar_means(data)))
             _evaluate_step(out, rules, data, now)
     if _all_ended(new):
         _finish(out, rules, now)
     return out
+
+
+#: scalars published as metrics per step (CloudWatch bills per metric; losses come first)
+MAX_METRIC_SCALARS = 20
+
+
+def scalar_means(data: StepData) -> dict[str, float]:
+    """Each scalar of the step, averaged over workers, as ``<MODE>.<name>`` (losses first)."""
+    sums: dict[str, list[float]] = {}
+    for mode, name, _, scalar in sorted(
+        data.scalars(), key=lambda item: ("losses" not in item[3].collections, item[0], item[1])
+    ):
+        sums.setdefault(f"{mode}.{name}", []).append(scalar.value)
+    return {key: sum(v) / len(v) for key, v in list(sums.items())[:MAX_METRIC_SCALARS]}
 
 
 def _all_ended(state: JobState) -> bool:

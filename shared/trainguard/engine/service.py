@@ -27,7 +27,7 @@ from trainguard.engine.evaluator import (
     record_invalid,
     request_stop,
 )
-from trainguard.engine.model import JobState, StepArrival
+from trainguard.engine.model import JobState, StepArrival, Transition
 from trainguard.engine.sources import (
     ObjectError,
     read_document,
@@ -97,12 +97,15 @@ class EvaluateService:
         publisher: Publisher,
         ingest_prefix: str = INGEST_PREFIX,
         clock: Callable[[], float] = time.time,
+        on_commit: Callable[[str, Outcome, list[Transition]], None] | None = None,
     ) -> None:
         self.store = store
         self.s3 = s3
         self.publisher = publisher
         self.ingest_prefix = ingest_prefix
         self.clock = clock
+        #: called after each committed evaluation (metrics); never fails the evaluation
+        self.on_commit = on_commit
         self.s3_requests = 0
 
     # entry points -----------------------------------------------------------------------
@@ -207,6 +210,11 @@ class EvaluateService:
             except VersionConflict:
                 time.sleep(random.uniform(0, 0.02 * (attempt + 1)))
                 continue
+            if self.on_commit is not None:
+                try:
+                    self.on_commit(ref.job, second, transitions)
+                except Exception:  # metrics are best effort: the verdicts are already committed
+                    logger.exception("on_commit hook failed for job %s", ref.job)
             result.transitions = len(transitions)
             result.steps_evaluated = second.state.steps_evaluated - loaded.state.steps_evaluated
             self._after(loaded, second.consumed, events)

@@ -17,6 +17,7 @@ from urllib.parse import unquote_plus
 from trainguard.engine.service import EvaluateService, PermanentError, Publisher
 from trainguard.engine.sources import ObjectError
 from trainguard.engine.store import StateStore
+from trainguard.service import metrics
 from trainguard.service.clients import client
 from trainguard.service.settings import Settings
 
@@ -32,6 +33,7 @@ def service() -> EvaluateService:
         client("s3"),
         Publisher(client("events"), settings.bus_name),
         ingest_prefix=settings.ingest_prefix,
+        on_commit=lambda job, outcome, transitions: metrics.publish(job, outcome.scalars, transitions),
     )
 
 
