@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.engine.events import DETAIL_TYPE, EVENT_SOURCE
+from trainguard.engine.events import DETAIL_TYPE, EVENT_SOURCE, JOB_DETAIL_TYPE
 from trainguard.format.layout import INGEST_PREFIX
 
 
@@ -147,6 +147,14 @@ WIRING = Wiring(
             schedule_minutes=1,
         ),
         FunctionSpec(
+            "report",
+            handler="handler.handler",
+            timeout_s=120,
+            memory_mb=1024,
+            description="Writes the HTML profiler report next to a finished job's data",
+            grants=("bucket:read-job", "bucket:write-report"),
+        ),
+        FunctionSpec(
             "stop_job",
             handler="handler.handler",
             timeout_s=30,
@@ -156,6 +164,12 @@ WIRING = Wiring(
         ),
     ),
     bus_rules=(
+        BusRuleSpec(
+            "report",
+            "Write the profiler report when a job's evaluation finishes",
+            {"source": [EVENT_SOURCE], "detail-type": [JOB_DETAIL_TYPE]},
+            target="report",
+        ),
         BusRuleSpec(
             "alert",
             "Email/SMS on IssuesFound and Error",

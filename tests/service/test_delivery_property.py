@@ -154,7 +154,18 @@ def test_live_evaluation_equals_replay(
             assert statuses(live[0]) == statuses(expected.state)
             assert live[0].finished == expected.state.finished == job.ended
 
-            job_events = [e["detail"] for e in events if e["detail"]["TrainingJobName"] == job.job]
+            job_events = [
+                e["detail"]
+                for e in events
+                if e["detail"]["TrainingJobName"] == job.job and "RuleName" in e["detail"]
+            ]
+            finished = [
+                e
+                for e in events
+                if e["detail-type"] == "Training Job Evaluation Finished"
+                and e["detail"]["TrainingJobName"] == job.job
+            ]
+            assert len(finished) == (1 if job.ended else 0)
             ids = Counter(d["EventId"] for d in job_events)
             assert all(n == 1 for n in ids.values()), f"an event was published twice: {ids.most_common(3)}"
             live_alerts = Counter(

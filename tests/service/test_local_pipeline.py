@@ -28,7 +28,11 @@ def put(cloud: LocalCloud, job: str, objects: dict[str, bytes]) -> None:
 
 
 def job_events(cloud: LocalCloud, job: str) -> list[dict]:
-    return [e["detail"] for e in cloud.events if e["detail"]["TrainingJobName"] == job]
+    return [
+        e["detail"]
+        for e in cloud.events
+        if e["detail"]["TrainingJobName"] == job and "RuleName" in e["detail"]
+    ]
 
 
 def test_faulty_job_is_alerted_once_and_stopped(cloud):
@@ -105,6 +109,12 @@ def test_clean_job_ends_with_no_issues(cloud):
         "Overfit": "NoIssuesFound",
     }
     assert not [n for n in cloud.sent_notifications() if "clean-1" in n["subject"]]
+    # the job-finished event ran the report function: the report lies next to the job's data
+    report = clients.client("s3").get_object(
+        Bucket=cloud.resources.bucket, Key="jobs/clean-1/report/profiler-report.html"
+    )
+    assert report["ContentType"].startswith("text/html")
+    assert b"<html" in report["Body"].read(2000).lower()
 
 
 def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):

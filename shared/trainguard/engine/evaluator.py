@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from trainguard.engine.events import RuleStatusDetail, RuleStatusEntry, Status
+from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
 from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
 from trainguard.rules.base import Finding, Rule, StepData
@@ -322,6 +322,26 @@ def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
         SageMakerTrainingJobName=info.sagemaker_training_job_name if info else None,
         AllowSageMakerStop=info.allow_sagemaker_stop if info else False,
         TrainingJobStatus=state.training_status,  # type: ignore[arg-type]
+        DebugRuleEvaluationStatuses=[
+            RuleStatusEntry(
+                RuleConfigurationName=r.name,
+                RuleEvaluationStatus=r.status,
+                StatusDetails=r.details,
+                LastModifiedTime=r.modified,
+            )
+            for r in state.rules
+        ],
+    )
+
+
+def build_job_event(state: JobState, now: float) -> JobStatusDetail:
+    return JobStatusDetail(
+        EventId=f"{state.job}/job/finished",
+        TrainingJobName=state.job,
+        TrainingJobStatus="Stopped" if state.stopped or state.stop_requested else "Completed",
+        LastStep=state.watermark,
+        StepsEvaluated=state.steps_evaluated,
+        LastModifiedTime=now,
         DebugRuleEvaluationStatuses=[
             RuleStatusEntry(
                 RuleConfigurationName=r.name,

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 EVENT_SOURCE = "trainguard"
 DETAIL_TYPE = "Rule Evaluation Status Change"
 SCHEMA = "trainguard.rule-status/1"
+JOB_DETAIL_TYPE = "Training Job Evaluation Finished"
+JOB_SCHEMA = "trainguard.job-status/1"
 
 Status = Literal["InProgress", "NoIssuesFound", "IssuesFound", "Error", "Stopping", "Stopped"]
 STATUSES: tuple[str, ...] = ("InProgress", "NoIssuesFound", "IssuesFound", "Error", "Stopping", "Stopped")
@@ -59,11 +61,24 @@ class RuleStatusDetail(BaseModel):
     DebugRuleEvaluationStatuses: list[RuleStatusEntry] = Field(default_factory=list, max_length=50)
 
 
-def to_entry(detail: RuleStatusDetail) -> dict[str, object]:
-    """The PutEvents entry for a detail (without EventBusName, which the adapter sets)."""
-    return {
-        "Source": EVENT_SOURCE,
-        "DetailType": DETAIL_TYPE,
-        "Detail": detail.model_dump_json(),
-        "Resources": [],
-    }
+class JobStatusDetail(BaseModel):
+    """``detail`` of the one event sent when every step of a job was evaluated and it ended.
+
+    The profiler report runs on it; users can hang their own end-of-job actions on it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    Schema: Literal["trainguard.job-status/1"] = "trainguard.job-status/1"
+    EventId: str
+    TrainingJobName: str
+    TrainingJobStatus: Literal["Completed", "Stopped"]
+    LastStep: int
+    StepsEvaluated: int
+    LastModifiedTime: float
+    DebugRuleEvaluationStatuses: list[RuleStatusEntry] = Field(default_factory=list, max_length=50)
+
+
+def detail_type(detail_json: str) -> str:
+    """The DetailType of a stored detail, from its schema."""
+    return JOB_DETAIL_TYPE if f'"Schema":"{JOB_SCHEMA}"' in detail_json else DETAIL_TYPE

@@ -24,6 +24,7 @@ from trainguard.engine.evaluator import (
     apply_end,
     apply_manifest,
     build_event,
+    build_job_event,
     record_invalid,
     request_stop,
 )
@@ -60,13 +61,13 @@ class Publisher:
         self.requests = 0
 
     def publish(self, details: list[str]) -> None:
-        from trainguard.engine.events import DETAIL_TYPE, EVENT_SOURCE
+        from trainguard.engine.events import EVENT_SOURCE, detail_type
 
         for start in range(0, len(details), 10):
             entries = [
                 {
                     "Source": EVENT_SOURCE,
-                    "DetailType": DETAIL_TYPE,
+                    "DetailType": detail_type(d),
                     "Detail": d,
                     "EventBusName": self.bus_name,
                 }
@@ -205,6 +206,8 @@ class EvaluateService:
                 f"{t.record.name}/{t.record.transitions}": build_event(second.state, t).model_dump_json()
                 for t in transitions
             }
+            if second.state.finished and not loaded.state.finished:
+                events["job/finished"] = build_job_event(second.state, now).model_dump_json()
             try:
                 self.store.commit(second.state, loaded.version, events, now)
             except VersionConflict:

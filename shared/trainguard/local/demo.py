@@ -59,6 +59,13 @@ class Timeline:
 
     def _event(self, event: dict[str, Any]) -> None:
         d = event["detail"]
+        if "RuleName" not in d:  # the job-level event: every step evaluated, the job ended
+            self.say(
+                f"● {d['TrainingJobName']}: evaluation finished ({d['TrainingJobStatus']}, "
+                f"{d['StepsEvaluated']} steps)",
+                always=True,
+            )
+            return
         at = f" at step {d['Step']}" if d.get("Step") is not None else ""
         self.say(
             f"● {d['TrainingJobName']} / {d['RuleConfigurationName']}: "
