@@ -20,6 +20,7 @@ def handle_event(event: dict[str, Any]) -> dict[str, Any]:
 
     detail = JobStatusDetail.model_validate(event["detail"])
     settings = Settings.from_env()
-    url = f"s3://{settings.bucket_name}/{job_prefix(detail.TrainingJobName, settings.ingest_prefix)}".rstrip("/")
+    prefix = job_prefix(detail.TrainingJobName, settings.ingest_prefix).rstrip("/")
+    url = f"s3://{settings.bucket_name}/{prefix}"
     where = generate_report(url, store=S3Store(url, client=client("s3")))
     return {"job": detail.TrainingJobName, "report": where}
