@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
-from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, Transition
+from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
 from trainguard.rules.base import Finding, Rule, StepData
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
@@ -37,6 +37,8 @@ class Outcome:
     transitions: list[Transition] = field(default_factory=list)
     #: (step, worker) arrivals that were evaluated or are stale and can be deleted
     consumed: list[tuple[int, int]] = field(default_factory=list)
+    #: (worker, seq) system batches likewise
+    consumed_system: list[tuple[int, int]] = field(default_factory=list)
     changed: bool = False
     #: per evaluated step: (step, wall time, {"<MODE>.<scalar>": mean over workers}) for metrics
     scalars: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
@@ -73,6 +75,8 @@ def apply_end(state: JobState, marker: EndMarker) -> Outcome:
         return Outcome(state)
     new = state.model_copy(deep=True)
     new.ended[marker.worker] = marker.last_step
+    if marker.system_batches is not None:
+        new.system_batches[marker.worker] = marker.system_batches
     new.stopped = new.stopped or marker.stopped
     return Outcome(new, changed=True)
 
@@ -111,12 +115,18 @@ def apply_clock(state: JobState, now: float) -> Outcome:
     configured = {c.configuration_name: c for c in _configured(state.info)}
     for record in new.rules:
         rule = configured[record.name].rule if record.name in configured else None
-        check = getattr(rule, "check", None)
-        if record.status != "InProgress" or rule is None or check is None:
+        if record.status != "InProgress" or rule is None:
             continue
         try:
-            rule_state, findings = check(rule.load_state(record.state), now, started=new.created)
-            record.state = rule.dump_state(rule_state)
+            if hasattr(rule, "check"):  # model-side clock rules (StalledTrainingRule)
+                rule_state, findings = rule.check(rule.load_state(record.state), now, started=new.created)
+                record.state = rule.dump_state(rule_state)
+            elif hasattr(rule, "check_clock"):  # profiler clock rules (MaxInitializationTime)
+                worker_state = rule.load_state(record.worker_states.get(0))
+                worker_state, findings = rule.check_clock(worker_state, now, new.created)
+                record.worker_states[0] = rule.dump_state(worker_state)
+            else:
+                continue
         except Exception as exc:
             _set_status(
                 out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now
@@ -132,6 +142,7 @@ def advance(
     arrivals: Iterable[StepArrival],
     now: float,
     max_steps: int | None = MAX_STEPS_PER_ADVANCE,
+    system: Iterable[SystemArrival] = (),
 ) -> Outcome:
     """Evaluate every step that is complete, in order; finish the job when all workers ended.
 
@@ -186,9 +197,52 @@ def advance(
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
             out.scalars.append((data.step, data.wall_time, scalar_means(data)))
             _evaluate_step(out, rules, data, now)
+    _advance_system(out, rules, system, now)
     if _all_ended(new):
         _finish(out, rules, now)
     return out
+
+
+#: profiler rules keep a state per worker; workers past this many are stored for the
+#: report but not judged live (a DynamoDB item holds every rule's state of the job)
+MAX_PROFILED_WORKERS = 16
+
+
+def _advance_system(
+    out: Outcome, rules: dict[str, ConfiguredRule], system: Iterable[SystemArrival], now: float
+) -> None:
+    """Each worker's system batches, in seq order, through the profiler rules (per-worker state)."""
+    state = out.state
+    pending: dict[int, dict[int, SystemArrival]] = {}
+    for arrival in system:
+        if arrival.seq <= state.system_frontier.get(arrival.worker, -1):
+            out.consumed_system.append((arrival.worker, arrival.seq))
+        else:
+            pending.setdefault(arrival.worker, {})[arrival.seq] = arrival
+    for worker in sorted(pending):
+        batches = pending[worker]
+        while (seq := state.system_frontier.get(worker, -1) + 1) in batches:
+            arrival = batches.pop(seq)
+            state.system_frontier[worker] = seq
+            out.consumed_system.append((worker, seq))
+            out.changed = True
+            if arrival.batch is None or worker >= MAX_PROFILED_WORKERS:
+                continue
+            for record in state.rules:
+                configured = rules.get(record.name)
+                rule = configured.rule if configured is not None else None
+                if record.status not in ("InProgress", "Stopping") or rule is None or rule.kind != "profiler":
+                    continue
+                try:
+                    rule_state = rule.load_state(record.worker_states.get(worker))
+                    rule_state, findings = rule.update(rule_state, arrival.batch)
+                    record.worker_states[worker] = rule.dump_state(rule_state)
+                except Exception as exc:
+                    reason = f"RuleEvaluationError on system batch {seq} of worker {worker}: {type(exc).__name__}: {exc}"
+                    _set_status(out, record, "Error", reason, now)
+                    continue
+                if findings:
+                    _fire(out, record, findings[0], now)
 
 
 #: scalars published as metrics per step (CloudWatch bills per metric; losses come first)
@@ -208,7 +262,10 @@ def scalar_means(data: StepData) -> dict[str, float]:
 def _all_ended(state: JobState) -> bool:
     assert state.info is not None
     return all(
-        w in state.ended and state.ended[w] == state.frontier.get(w) for w in range(state.info.world_size)
+        w in state.ended
+        and state.ended[w] == state.frontier.get(w)
+        and state.system_frontier.get(w, -1) == state.system_batches.get(w, 0) - 1
+        for w in range(state.info.world_size)
     )
 
 
@@ -217,7 +274,7 @@ def _evaluate_step(out: Outcome, rules: dict[str, ConfiguredRule], data: StepDat
         if record.status not in ("InProgress", "Stopping"):
             continue
         configured = rules.get(record.name)
-        if configured is None or configured.rule is None:
+        if configured is None or configured.rule is None or configured.rule.kind == "profiler":
             continue
         rule = configured.rule
         try:
@@ -249,7 +306,11 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
         if configured is not None and configured.rule is not None:
             rule = configured.rule
             try:
-                findings = rule.finish(rule.load_state(record.state))
+                if rule.kind == "profiler":
+                    for worker in sorted(record.worker_states):
+                        findings += rule.finish(rule.load_state(record.worker_states[worker]))
+                else:
+                    findings = rule.finish(rule.load_state(record.state))
             except Exception as exc:
                 _set_status(
                     out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
 from trainguard.format.documents import Manifest, StepHeader
+from trainguard.format.system import SystemBatch
 
 
 class RuleRecord(BaseModel):
@@ -29,6 +30,8 @@ class RuleRecord(BaseModel):
     actions: list[str] = Field(default_factory=list)
     #: the rule's own state (RuleState JSON), None before the first step
     state: dict[str, Any] | None = None
+    #: profiler rules keep one state per worker (its system batches, in seq order)
+    worker_states: dict[int, dict[str, Any]] = Field(default_factory=dict)
     #: number of status transitions so far; the n-th transition's event id ends in /n
     transitions: int = 0
     modified: float = 0.0
@@ -66,6 +69,10 @@ class JobState(BaseModel):
     frontier: dict[int, int] = Field(default_factory=dict)
     #: worker -> the last step it wrote, from its end marker (None: it wrote no step)
     ended: dict[int, int | None] = Field(default_factory=dict)
+    #: worker -> last system batch seq evaluated (profiling)
+    system_frontier: dict[int, int] = Field(default_factory=dict)
+    #: worker -> how many system batches it wrote, from its end marker
+    system_batches: dict[int, int] = Field(default_factory=dict)
     #: an end marker said the hook obeyed a stop signal
     stopped: bool = False
     #: the stop-job action ran for this job
@@ -97,6 +104,16 @@ class StepArrival:
     worker: int
     prev_step: int | None
     header: StepHeader | None
+    bad: str | None = None
+
+
+@dataclass(frozen=True)
+class SystemArrival:
+    """A system-monitor batch that has arrived (or could not be read: ``bad``)."""
+
+    worker: int
+    seq: int
+    batch: SystemBatch | None
     bad: str | None = None
 
 

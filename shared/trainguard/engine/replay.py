@@ -8,8 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.engine.evaluator import Outcome, advance, apply_end, apply_manifest, record_invalid
-from trainguard.engine.model import JobState, StepArrival, Transition
-from trainguard.engine.sources import JobSource, ObjectError, read_end, read_manifest, step_arrival
+from trainguard.engine.model import JobState, StepArrival, SystemArrival, Transition
+from trainguard.engine.sources import (
+    JobSource,
+    ObjectError,
+    read_end,
+    read_manifest,
+    step_arrival,
+    system_arrival,
+)
 from trainguard.format.documents import EndMarker, Manifest
 from trainguard.format.layout import ObjectKind
 
@@ -53,6 +60,7 @@ def replay(
     manifest: Manifest | None = None
     ends: list[EndMarker] = []
     arrivals: list[StepArrival] = []
+    system: list[SystemArrival] = []
     refs = list(source.objects())
     for index, ref in enumerate(refs):
         if progress is not None:
@@ -63,6 +71,8 @@ def replay(
             elif ref.kind is ObjectKind.STEP:
                 head, size = source.head(ref)
                 arrivals.append(step_arrival(ref, head, size))
+            elif ref.kind is ObjectKind.SYSTEM:
+                system.append(system_arrival(ref, source.document(ref)))
             elif ref.kind is ObjectKind.END:
                 ends.append(read_end(source.document(ref)))
         except ObjectError as exc:
@@ -91,5 +101,5 @@ def replay(
         if arrival.bad is not None:
             state = take(record_invalid(state, arrival.bad))
             warnings.append(arrival.bad)
-    state = take(advance(state, arrivals, now, max_steps=None))
+    state = take(advance(state, arrivals, now, max_steps=None, system=system))
     return ReplayResult(state, transitions, warnings)

@@ -36,6 +36,7 @@ from trainguard.engine.sources import (
     read_head,
     read_manifest,
     step_arrival,
+    system_arrival,
 )
 from trainguard.engine.store import HeaderTooLarge, Loaded, StateStore, VersionConflict
 from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, ObjectRef, parse_key
@@ -130,6 +131,12 @@ class EvaluateService:
         if ref.kind is ObjectKind.STEP:
             self._on_step(bucket, key, ref)
             return ref.job
+        if ref.kind is ObjectKind.SYSTEM:
+            arrival = system_arrival(ref, self._document(bucket, key))
+            self.store.put_system(ref.job, arrival)
+            if arrival.bad is not None:
+                raise PermanentError(arrival.bad)
+            return ref.job
         if ref.kind is ObjectKind.MANIFEST:
             manifest = read_manifest(self._document(bucket, key))
             if manifest.job != ref.job:
@@ -144,8 +151,7 @@ class EvaluateService:
                 )
             self._update(ref, lambda s: apply_end(s, marker))
             return None
-        # system samples are evaluated by the profiler path; stop signals and reports are ours
-        return None
+        return None  # stop signals and reports are the service's own objects
 
     def advance_job(self, job: str) -> Result:
         return self._update(ObjectRef(job, ObjectKind.STEP), lambda s: Outcome(s))
@@ -197,10 +203,10 @@ class EvaluateService:
             loaded = self.store.load(ref.job)
             now = self.clock()
             first = mutate(loaded.state)
-            second = advance(first.state, loaded.arrivals, now)
+            second = advance(first.state, loaded.arrivals, now, system=loaded.system)
             transitions = first.transitions + second.transitions
             if not (first.changed or second.changed):
-                self._after(loaded, second.consumed, {})
+                self._after(loaded, second, {})
                 return result
             events = {
                 f"{t.record.name}/{t.record.transitions}": build_event(second.state, t).model_dump_json()
@@ -220,14 +226,16 @@ class EvaluateService:
                     logger.exception("on_commit hook failed for job %s", ref.job)
             result.transitions = len(transitions)
             result.steps_evaluated = second.state.steps_evaluated - loaded.state.steps_evaluated
-            self._after(loaded, second.consumed, events)
+            self._after(loaded, second, events)
             return result
         raise VersionConflict(f"job {ref.job}: {MAX_ATTEMPTS} conflicting writers; SQS will redeliver")
 
-    def _after(self, loaded: Loaded, consumed: list[tuple[int, int]], new_events: dict[str, str]) -> None:
+    def _after(self, loaded: Loaded, outcome: Outcome, new_events: dict[str, str]) -> None:
         job = loaded.state.job
-        if consumed:
-            self.store.delete_steps(job, consumed)
+        if outcome.consumed:
+            self.store.delete_steps(job, outcome.consumed)
+        if outcome.consumed_system:
+            self.store.delete_system(job, outcome.consumed_system)
         cutoff = self.clock() - OUTBOX_ORPHAN_AFTER_S
         orphans = {k: detail for k, (detail, created) in loaded.outbox.items() if created < cutoff}
         pending = {**orphans, **new_events}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from trainguard.engine.model import StepArrival
+from trainguard.engine.model import StepArrival, SystemArrival
 from trainguard.format import stepfile
 from trainguard.format.documents import (
     MAX_DOCUMENT_BYTES,
@@ -26,6 +26,7 @@ from trainguard.format.documents import (
     parse_document,
 )
 from trainguard.format.layout import ObjectKind, ObjectRef, parse_relative
+from trainguard.format.system import parse_system_batch
 
 #: a step object larger than this is refused outright (its header would still be bounded,
 #: but no trainguard writer produces one; full tensors belong in their own collections)
@@ -54,6 +55,22 @@ def step_arrival(ref: ObjectRef, head: bytes, size: int) -> StepArrival:
         reason = f"steps/{ref.step:012d}/worker-{ref.worker:05d}: {exc}"
         return StepArrival(ref.step, ref.worker, None, None, bad=reason[:1000])
     return StepArrival(header.step, header.worker, header.prev_step, header)
+
+
+def system_arrival(ref: ObjectRef, raw: bytes) -> SystemArrival:
+    """Decode a system-monitor batch; a bad one keeps its place in the worker's seq chain."""
+    assert ref.worker is not None and ref.seq is not None
+    try:
+        batch = parse_system_batch(raw)
+        if (batch.job, batch.worker, batch.seq) != (ref.job, ref.worker, ref.seq):
+            raise ObjectError(
+                f"batch says job {batch.job!r} worker {batch.worker} seq {batch.seq}, "
+                f"key says job {ref.job!r} worker {ref.worker} seq {ref.seq}"
+            )
+    except ValueError as exc:
+        reason = f"system/worker-{ref.worker:05d}/{ref.seq:012d}.json: {_short(exc)}"
+        return SystemArrival(ref.worker, ref.seq, None, bad=reason)
+    return SystemArrival(ref.worker, ref.seq, batch)
 
 
 def read_manifest(raw: bytes) -> Manifest:

@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.engine.model import JobState, StepArrival
+from trainguard.engine.model import JobState, StepArrival, SystemArrival
 from trainguard.format.documents import StepHeader
+from trainguard.format.system import SystemBatch
 
 STATE_SK = "STATE"
 STEP_PREFIX = "STEP#"
+SYSTEM_PREFIX = "SYS#"
 OUTBOX_PREFIX = "OUTBOX#"
 ACTIVE = "1"
 ACTIVE_INDEX = "active-jobs"  # declared in trainguard.wiring.TABLE
@@ -47,6 +49,7 @@ class Loaded:
     state: JobState
     version: int
     arrivals: list[StepArrival] = field(default_factory=list)
+    system: list[SystemArrival] = field(default_factory=list)
     #: event id -> (detail JSON, time the status change was committed)
     outbox: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: a bounded read stopped early: more items exist
@@ -59,6 +62,10 @@ def pk(job: str) -> str:
 
 def step_sk(step: int, worker: int) -> str:
     return f"{STEP_PREFIX}{step:012d}#{worker:05d}"
+
+
+def system_sk(worker: int, seq: int) -> str:
+    return f"{SYSTEM_PREFIX}{worker:05d}#{seq:012d}"
 
 
 def _pack(obj: Any) -> bytes:
@@ -95,11 +102,26 @@ class StateStore:
         self.requests += 1
         self.client.put_item(TableName=self.table, Item=item)
 
+    def put_system(self, job: str, arrival: SystemArrival) -> None:
+        item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": system_sk(arrival.worker, arrival.seq)}}
+        if arrival.batch is not None:
+            blob = zlib.compress(arrival.batch.model_dump_json().encode(), 6)
+            if len(blob) > MAX_BUFFERED_HEADER_BYTES:
+                raise HeaderTooLarge(
+                    f"system batch {arrival.seq} of worker {arrival.worker}: {len(blob)} bytes"
+                )
+            item["batch"] = {"B": blob}
+        if arrival.bad is not None:
+            item["bad"] = {"S": arrival.bad[:1000]}
+        self.requests += 1
+        self.client.put_item(TableName=self.table, Item=item)
+
     # load / commit ----------------------------------------------------------------------
     def load(self, job: str) -> Loaded:
         state = JobState(job=job)
         version = 0
         arrivals: list[StepArrival] = []
+        system: list[SystemArrival] = []
         outbox: dict[str, tuple[str, float]] = {}
         kwargs: dict[str, Any] = {
             "TableName": self.table,
@@ -120,6 +142,8 @@ class StateStore:
                     state = JobState.model_validate(_unpack(item["doc"]["B"]))
                 elif sk.startswith(STEP_PREFIX):
                     arrivals.append(_arrival(sk, item))
+                elif sk.startswith(SYSTEM_PREFIX):
+                    system.append(_system_arrival(sk, item))
                 elif sk.startswith(OUTBOX_PREFIX):
                     created = float(item["created"]["N"]) if "created" in item else 0.0
                     outbox[sk[len(OUTBOX_PREFIX) :]] = (item["detail"]["S"], created)
@@ -129,7 +153,7 @@ class StateStore:
                 truncated = True
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return Loaded(state, version, arrivals, outbox, truncated)
+        return Loaded(state, version, arrivals, system, outbox, truncated)
 
     def load_state(self, job: str) -> tuple[JobState, int] | None:
         self.requests += 1
@@ -197,6 +221,9 @@ class StateStore:
     def delete_steps(self, job: str, keys: Iterable[tuple[int, int]]) -> None:
         self._delete(job, [step_sk(s, w) for s, w in keys])
 
+    def delete_system(self, job: str, keys: Iterable[tuple[int, int]]) -> None:
+        self._delete(job, [system_sk(w, s) for w, s in keys])
+
     def delete_outbox(self, job: str, event_ids: Iterable[str]) -> None:
         self._delete(job, [OUTBOX_PREFIX + e for e in event_ids])
 
@@ -260,3 +287,12 @@ def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
     prev = int(item["prev"]["N"]) if "prev" in item else None
     bad = item["bad"]["S"] if "bad" in item else None
     return StepArrival(int(step), int(worker), prev, header, bad)
+
+
+def _system_arrival(sk: str, item: dict[str, Any]) -> SystemArrival:
+    _, worker, seq = sk.split("#")
+    batch = None
+    if "batch" in item:
+        raw = zlib.decompressobj().decompress(item["batch"]["B"], 64 * 1024 * 1024)
+        batch = SystemBatch.model_validate_json(raw)
+    return SystemArrival(int(worker), int(seq), batch, item["bad"]["S"] if "bad" in item else None)

@@ -174,6 +174,8 @@ class EndMarker(_Strict):
     #: objects the uploader could not deliver (never silently)
     dropped_objects: int = Field(default=0, ge=0)
     steps_written: int = Field(default=0, ge=0)
+    #: system-monitor batches this worker wrote (seq 0..n-1); None: profiling was off
+    system_batches: int | None = Field(default=None, ge=0)
 
 
 class StopSignal(_Strict):
