@@ -122,8 +122,6 @@ def make_smdebug_hook(config: str, out_dir: str) -> Any:
     if config == "default":
         return smd.Hook(out_dir=out_dir)
     if config == "reductions_every_step":
-        for name in ("weights", "biases", "gradients", "relu_output"):
-            pass
         return smd.Hook(
             out_dir=out_dir,
             save_config=smd.SaveConfig(save_interval=1),
@@ -152,16 +150,13 @@ class Block:
             self.hook.register_module(self.model)
             self.hook.register_loss(self.loss)
         self.step = 0
-        self.timed_steps = 0
 
-    def run(self, n: int, timed: bool = True) -> float:
-        start = time.perf_counter()
+    def run(self, n: int) -> tuple[float, float]:
+        """Run n steps; (wall seconds, process CPU seconds: every thread, the hook's included)."""
+        wall, cpu = time.perf_counter(), time.process_time()
         train_steps(self.model, self.loss, self.opt, self.data, n, self.step)
-        elapsed = time.perf_counter() - start
         self.step += n
-        if timed:
-            self.timed_steps += n
-        return elapsed
+        return time.perf_counter() - wall, time.process_time() - cpu
 
     def close(self) -> None:
         if self.hook is not None:
@@ -185,21 +180,26 @@ def measure(
         with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
             blocks = {c: Block(model_kind, c, make_hook, tmp) for c in configs}
             for block in blocks.values():
-                block.run(12, timed=False)  # warm-up: allocator, threads, first objects
+                block.run(12)  # warm-up: allocator, threads, first objects
             times: dict[str, list[float]] = {c: [] for c in configs}
+            cpu: dict[str, list[float]] = {c: [] for c in configs}
             for _ in range(reps):
                 order = list(configs)
                 rng.shuffle(order)
                 for c in order:
-                    times[c].append(blocks[c].run(steps))
+                    wall, used = blocks[c].run(steps)
+                    times[c].append(wall)
+                    cpu[c].append(used)
             for block in blocks.values():
                 block.close()
             out: dict[str, Any] = {}
             for c in configs:
                 ratios = [t / base for t, base in zip(times[c], times["none"], strict=True)]
+                cpu_ratios = [t / base for t, base in zip(cpu[c], cpu["none"], strict=True)]
                 written = dir_bytes(blocks[c].out_dir) if blocks[c].hook is not None else 0
                 out[c] = {
                     "ratio": statistics.median(ratios),
+                    "cpu_ratio": statistics.median(cpu_ratios),
                     "step_ms": 1000 * statistics.median(times[c]) / steps,
                     "bytes_per_step": written / max(1, blocks[c].step),
                 }
@@ -230,17 +230,24 @@ def rss_worker(model_kind: str, config: str, tool: str, steps: int) -> None:
 # ----------------------------------------------------------------------------- report
 def table(results: dict[str, Any], rss: dict[tuple[str, str], float | None], configs: tuple[str, ...]) -> str:
     lines = [
-        "| model | configuration | step time (ms) | ratio to no hook (median) | target | peak RSS (MiB) | bytes written / step |",
-        "|---|---|---|---|---|---|---|",
+        "| model | configuration | step (ms) | wall ratio | CPU ratio | target | peak RSS MiB (Δ) "
+        "| bytes / step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for model_kind, per in results.items():
+        base = rss.get((model_kind, "none"))
         for c in configs:
             r = per[c]
             target = f"≤ {TARGETS[c]:.2f}" if c in TARGETS else ""
             mem = rss.get((model_kind, c))
+            mem_text = "n/a" if mem is None else f"{mem:.0f}"
+            if mem is not None and base is not None and c != "none":
+                mem_text += f" ({mem - base:+.0f})"
+            cpu = r.get("cpu_ratio", float("nan"))
             lines.append(
-                f"| {model_kind} | {LABELS[c]} | {r['step_ms']:.2f} | {r['ratio']:.3f} | {target} | "
-                f"{'n/a' if mem is None else f'{mem:.0f}'} | {r['bytes_per_step']:,.0f} |"
+                f"| {model_kind} | {LABELS[c]} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {cpu:.3f} "
+                f"| {target} "
+                f"| {mem_text} | {r['bytes_per_step']:,.0f} |"
             )
     return "\n".join(lines)
 
@@ -258,10 +265,14 @@ def write_section(text: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions of 10 steps, no docs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 2 repetitions of 10 steps, no docs"
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     parser.add_argument("--smdebug-python", default="/tmp/smdbg/bin/python")
     parser.add_argument("--models", default="mlp,cnn")
@@ -274,7 +285,7 @@ def main() -> None:
         args.reps, args.steps, args.no_docs = 2, 10, True
 
     if args.rss_worker:
-        rss_worker(args.rss_worker[0], args.rss_worker[1], args.tool, args.steps * 3)
+        rss_worker(args.rss_worker[0], args.rss_worker[1], args.tool, args.steps)
         return
     if args.smdebug_worker:
         import logging
@@ -292,9 +303,14 @@ def main() -> None:
     rss = {(m, c): peak_rss(m, c, "trainguard", sys.executable, args.steps) for m in models for c in CONFIGS}
     report = [
         f"Measured by `bench/hook_overhead.py` (`make bench`) on {os.cpu_count()} CPU cores, "
-        f"PyTorch {torch.__version__}, {args.reps} interleaved repetitions of {args.steps} steps per configuration. "
-        "Models: `mlp` = 8 × Linear(512) + ReLU, batch 128 (2.2 M parameters: weight-heavy, the worst case "
-        "for per-tensor reductions); `cnn` = 3 conv layers (32/64/64 channels) on 32×32 images, batch 32.",
+        f"PyTorch {torch.__version__}, {args.reps} interleaved repetitions of {args.steps} steps "
+        "per configuration. "
+        "Models: `mlp` = 8 Linear(512) + ReLU layers, batch 128 (2.2 M parameters: weight-heavy, the "
+        "worst case for per-tensor reductions); `cnn` = 3 conv layers (32/64/64 channels) on 32x32 "
+        "images, batch 32. *wall ratio*: median over repetitions of (block time with the hook) / "
+        "(no-hook block time of the same repetition); *CPU ratio*: the same with the process's CPU time "
+        "(every thread, so the hook's background writer counts), which is far less sensitive to other "
+        "load on the machine. Peak RSS: a fresh process running the configuration alone (Δ: versus no hook).",
         "",
         "### trainguard",
         "",
@@ -302,14 +318,16 @@ def main() -> None:
     ]
     smd_python = Path(args.smdebug_python)
     if smd_python.exists() and not args.quick:
-        cmd = [str(smd_python), __file__, "--smdebug-worker", "--reps", str(args.reps), "--steps", str(args.steps),
-               "--models", args.models]  # fmt: skip
+        cmd = [str(smd_python), __file__, "--smdebug-worker", "--reps", str(args.reps)]
+        cmd += ["--steps", str(args.steps), "--models", args.models]  # fmt: skip
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/tmp")
             line = next(x for x in proc.stdout.splitlines() if x.startswith("SMDEBUG-RESULTS "))
             smd = json.loads(line.split(" ", 1)[1])
             smd_rss = {
-                (m, c): peak_rss(m, c, "smdebug", str(smd_python), args.steps) for m in models for c in SMDEBUG_CONFIGS
+                (m, c): peak_rss(m, c, "smdebug", str(smd_python), args.steps)
+                for m in models
+                for c in SMDEBUG_CONFIGS
             }
             report += [
                 "",

@@ -36,7 +36,7 @@ def main(out_dir: str, steps: int = 200) -> int:
     hook = trainguard.Hook(
         out_dir,
         include_collections=["losses", "weights", "gradients"],
-        # full weights every 50 steps, on top of their statistics every 10 (the default)
+        # full weights every 50 steps, on top of their statistics every 50 (the default)
         collections=[Collection("weights", SaveConfig(save_interval=50), save_full=True)],
         rules=rules,
         raise_on_stop=False,

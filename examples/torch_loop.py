@@ -27,7 +27,7 @@ def main(out_dir: str, steps: int = 100) -> int:
     x_val, y_val = torch.randn(512, 20), torch.randint(0, 4, (512,))
 
     # default collections: losses every step; weights, biases, gradients and ReLU outputs
-    # (statistics, not full tensors) every 10 steps
+    # (statistics, not full tensors) every 50 steps
     hook = trainguard.Hook(out_dir, rules=None)  # None: the service's default rules
     hook.register_module(model)  # each forward of `model` is a step
     hook.register_loss(loss_fn)  # its output is saved in `losses`

@@ -9,12 +9,17 @@ Keys (context names; the config file uses the same)::
     alertEmails       comma-separated or a JSON list: rule alerts by email (filter actions=Email)
     alertPhones       E.164 numbers: rule alerts by SMS (filter actions=SMS)
     opsEmails         CloudWatch alarm notifications (default: alertEmails)
+    ruleAlarmEmails   rule-outcome alarms (IssuesFound per built-in rule, Error): the
+                      rule-alarm topic, unfiltered (default: none; subscribe by hand)
     architecture      x86_64 (default) or arm64; the layer is built for the same
     layerAsset        a prebuilt layer folder (holding python/): skips the pip build (tests)
     logLevel          LOG_LEVEL of the functions (default INFO)
     logRetentionDays  function log retention (default 30)
     dataRetentionDays job objects under the ingest prefix expire after this (default 90; 0: never)
     busName           the custom EventBridge bus (default "trainguard")
+    ruleModules       custom rules: DIR:module[,DIR:module...] (DIR relative to the repo root);
+                      each DIR becomes part of a second layer on the rule-evaluating functions
+                      and each module (with RULES = [...]) is imported and validated at synth
     nag               "false" skips the cdk-nag AwsSolutions checks in infra/app.py
 """
 
@@ -33,6 +38,7 @@ CONFIG_FILE = "trainguard.config.json"
 _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 _PHONE = re.compile(r"^\+[1-9][0-9]{6,14}$")  # E.164, as SNS wants it
 _BUS = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ARCHITECTURES = ("x86_64", "arm64")
 #: values CloudWatch Logs accepts (a subset: the common ones)
@@ -64,19 +70,42 @@ def _as_int(key: str, value: Any) -> int:
 
 
 @dataclass(frozen=True)
+class RuleModuleSource:
+    """One ``ruleModules`` entry: a folder shipped in the custom-rules layer, a module in it."""
+
+    folder: Path
+    module: str
+
+    @staticmethod
+    def parse(entry: str, base: Path) -> RuleModuleSource:
+        folder, sep, module = entry.strip().rpartition(":")
+        if not sep or not folder.strip() or not _MODULE.match(module.strip()):
+            raise ConfigError(
+                f"ruleModules entry {entry!r}: expected DIR:module, like examples/custom_rule:my_rules"
+            )
+        path = Path(folder.strip()).expanduser()
+        return RuleModuleSource((base / path).resolve(), module.strip())
+
+    def __str__(self) -> str:
+        return f"{self.folder}:{self.module}"
+
+
+@dataclass(frozen=True)
 class StackConfig:
     alert_emails: tuple[str, ...] = ()
     alert_phones: tuple[str, ...] = ()
     ops_emails: tuple[str, ...] = ()
+    rule_alarm_emails: tuple[str, ...] = ()
     architecture: str = "x86_64"
     layer_dir: Path | None = None
     log_level: str = "INFO"
     log_retention_days: int = 30
     data_retention_days: int = 90
     bus_name: str = "trainguard"
+    rule_modules: tuple[RuleModuleSource, ...] = ()
 
     def __post_init__(self) -> None:
-        for email in (*self.alert_emails, *self.ops_emails):
+        for email in (*self.alert_emails, *self.ops_emails, *self.rule_alarm_emails):
             if not _EMAIL.match(email):
                 raise ConfigError(f"not an email address: {email!r}")
         for phone in self.alert_phones:
@@ -96,6 +125,15 @@ class StackConfig:
             raise ConfigError(f"invalid busName {self.bus_name!r}")
         if self.layer_dir is not None and not (self.layer_dir / "python").is_dir():
             raise ConfigError(f"layerAsset {self.layer_dir} has no python/ folder")
+        for source in self.rule_modules:
+            top = source.module.split(".", 1)[0]
+            if not source.folder.is_dir():
+                raise ConfigError(f"ruleModules: no folder {source.folder}")
+            if not ((source.folder / top).is_dir() or (source.folder / f"{top}.py").is_file()):
+                raise ConfigError(
+                    f"ruleModules: {source.folder} has no {top}/ package or {top}.py module "
+                    f"(needed to import {source.module})"
+                )
 
     @classmethod
     def load(
@@ -125,6 +163,7 @@ class StackConfig:
             alert_emails=alert_emails,
             alert_phones=_as_list(get("alertPhones")),
             ops_emails=_as_list(get("opsEmails")) or alert_emails,
+            rule_alarm_emails=_as_list(get("ruleAlarmEmails")),
             architecture=str(get("architecture") or "x86_64"),
             layer_dir=Path(layer).resolve() if layer else None,
             log_level=str(get("logLevel") or "INFO").upper(),
@@ -133,4 +172,7 @@ class StackConfig:
                 "dataRetentionDays", 90 if get("dataRetentionDays") is None else get("dataRetentionDays")
             ),
             bus_name=str(get("busName") or "trainguard"),
+            rule_modules=tuple(
+                dict.fromkeys(RuleModuleSource.parse(e, repo) for e in _as_list(get("ruleModules")))
+            ),
         )

@@ -30,12 +30,14 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 from trainguard.engine.events import EVENT_SOURCE
-from trainguard.format.layout import STOP_SIGNAL
+from trainguard.format.layout import REPORT, STOP_SIGNAL
 from trainguard.wiring import TABLE, WIRING, FunctionSpec, TableSpec, Wiring
 
 from infra.config import StackConfig
 from infra.layer import ARCHITECTURES, layer_code
 from infra.nag import acknowledge, acknowledge_wildcard_resources
+from infra.observability import build_dashboard, build_rule_alarms, rule_alarm_topic
+from infra.rule_layer import build_rule_layer, check_rule_layer
 
 REPO = Path(__file__).resolve().parent.parent
 FUNCTIONS = REPO / "functions"
@@ -59,6 +61,11 @@ TARGET_RETRY_ATTEMPTS = 4
 TARGET_MAX_EVENT_AGE = Duration.hours(2)
 #: Lambda async invocation: retries after a function error, then the function's DLQ
 ASYNC_RETRY_ATTEMPTS = 2
+#: functions that parse rule configurations get the custom-rules layer (``ruleModules``):
+#: evaluate and clock run rules; notify reads a rule's ``advice`` for the alert text
+RULE_MODULE_FUNCTIONS = ("evaluate", "clock", "notify")
+#: the variable ``trainguard.rules.plugins`` reads (kept literal: infra does not import it)
+RULE_MODULES_ENV = "TRAINGUARD_RULE_MODULES"
 #: an ingest queue whose oldest message is this old is falling behind
 QUEUE_AGE_ALARM_S = 15 * 60
 _PATTERN_KEYS = {
@@ -102,6 +109,8 @@ def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
 #: grant tokens every stack knows; each queue also adds "<queue id>-dlq:send"
 STATIC_GRANTS = (
     "bucket:read",
+    "bucket:read-job",
+    "bucket:write-report",
     "bucket:write-stop",
     "table:readwrite",
     "bus:put",
@@ -157,6 +166,10 @@ class TrainguardStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         validate_wiring(wiring, functions_root, grant_tokens(wiring))
+        # custom rules first: a module that does not load fails synth before anything is built
+        rule_layer_dir = build_rule_layer(config.rule_modules) if config.rule_modules else None
+        if rule_layer_dir is not None:
+            check_rule_layer(rule_layer_dir, [m.module for m in config.rule_modules])
         self.config = config
         self.wiring = wiring
         self.architecture = ARCHITECTURES[config.architecture]
@@ -186,11 +199,27 @@ class TrainguardStack(Stack):
             compatible_architectures=[self.architecture],
             description="trainguard + numpy + pydantic + aws-lambda-powertools (CPython 3.12)",
         )
+        #: the custom-rules layer (``ruleModules``), on RULE_MODULE_FUNCTIONS
+        self.rule_layer: lambda_.LayerVersion | None = None
+        if rule_layer_dir is not None:
+            self.rule_layer = lambda_.LayerVersion(
+                self,
+                "RuleLayer",
+                code=lambda_.Code.from_asset(str(rule_layer_dir), exclude=[".complete"]),
+                compatible_runtimes=[RUNTIME],
+                compatible_architectures=[self.architecture],
+                description=f"trainguard custom rules: {', '.join(self._rule_module_names())}"[:256],
+            )
         self.functions = {f.id: self._function(f, functions_root, grants) for f in wiring.functions}
         self.rules = self._bus_rules()
         self.schedules = self._schedules()
         self.training_policy = self._training_policy()
         self.alarms = self._alarms()
+        #: rule outcomes users subscribe to (not ops: see infra/observability.py)
+        self.rule_alarm_topic = rule_alarm_topic(self, self.topic_key, config.rule_alarm_emails)
+        self.allow_cloudwatch_alarms(self.rule_alarm_topic)
+        self.rule_alarms = build_rule_alarms(self, self.rule_alarm_topic, METRICS_NAMESPACE)
+        self.dashboard = build_dashboard(self, METRICS_NAMESPACE)
         self._outputs()
         self._acknowledge_cdk_internals()
 
@@ -327,7 +356,7 @@ class TrainguardStack(Stack):
         key = kms.Key(
             self,
             "TopicKey",
-            description="trainguard: encrypts the alert and ops SNS topics",
+            description="trainguard: encrypts the alert, ops and rule-alarm SNS topics",
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.DESTROY,  # encrypts only transient notifications
             pending_window=Duration.days(7),
@@ -349,12 +378,25 @@ class TrainguardStack(Stack):
         ops_topic = sns.Topic(
             self, "OpsTopic", display_name="trainguard ops alarms", master_key=key, enforce_ssl=True
         )
-        ops_topic.add_to_resource_policy(
+        self.allow_cloudwatch_alarms(ops_topic)
+        for email in self.config.alert_emails:
+            alert_topic.add_subscription(
+                subs.EmailSubscription(email, filter_policy=_actions_filter("Email"))
+            )
+        for phone in self.config.alert_phones:
+            alert_topic.add_subscription(subs.SmsSubscription(phone, filter_policy=_actions_filter("SMS")))
+        for email in self.config.ops_emails:
+            ops_topic.add_subscription(subs.EmailSubscription(email))
+        return key, alert_topic, ops_topic
+
+    def allow_cloudwatch_alarms(self, topic: sns.Topic) -> None:
+        """Let this account's CloudWatch alarms (only) publish to ``topic``."""
+        topic.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AllowCloudWatchAlarmsOfThisAccount",
                 principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
                 actions=["sns:Publish"],
-                resources=[ops_topic.topic_arn],
+                resources=[topic.topic_arn],
                 conditions={
                     "ArnLike": {
                         "aws:SourceArn": self.format_arn(
@@ -367,15 +409,6 @@ class TrainguardStack(Stack):
                 },
             )
         )
-        for email in self.config.alert_emails:
-            alert_topic.add_subscription(
-                subs.EmailSubscription(email, filter_policy=_actions_filter("Email"))
-            )
-        for phone in self.config.alert_phones:
-            alert_topic.add_subscription(subs.SmsSubscription(phone, filter_policy=_actions_filter("SMS")))
-        for email in self.config.ops_emails:
-            ops_topic.add_subscription(subs.EmailSubscription(email))
-        return key, alert_topic, ops_topic
 
     # ------------------------------------------------------------------ functions
 
@@ -385,6 +418,24 @@ class TrainguardStack(Stack):
         factories: dict[str, Callable[[], list[iam.PolicyStatement]]] = {
             "bucket:read": lambda: [
                 _allow("ReadJobObjects", ["s3:GetObject"], [self.bucket.arn_for_objects(f"{prefix}*")])
+            ],
+            # the report function: list and read one job's objects, write only its report/ folder
+            "bucket:read-job": lambda: [
+                _allow(
+                    "ListJobObjects",
+                    ["s3:ListBucket"],
+                    [self.bucket.bucket_arn],
+                    # listing without a Prefix (or outside the ingest prefix) is denied
+                    conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+                ),
+                _allow("ReadJobObjects", ["s3:GetObject"], [self.bucket.arn_for_objects(f"{prefix}*")]),
+            ],
+            "bucket:write-report": lambda: [
+                _allow(
+                    "WriteJobReport",
+                    ["s3:PutObject"],
+                    [self.bucket.arn_for_objects(f"{prefix}*/{REPORT.split('/')[0]}/*")],
+                )
             ],
             "bucket:write-stop": lambda: [
                 _allow(
@@ -440,7 +491,17 @@ class TrainguardStack(Stack):
         ingest = dict(self.wiring.notifications).get(self.wiring.ingest_prefix)
         if ingest is not None:
             env["INGEST_DLQ_URL"] = self.dlqs[f"{ingest}-dlq"].queue_url
+        if self.rule_layer is not None and spec.id in RULE_MODULE_FUNCTIONS:
+            env[RULE_MODULES_ENV] = ",".join(self._rule_module_names())
         return env
+
+    def _rule_module_names(self) -> list[str]:
+        return list(dict.fromkeys(m.module for m in self.config.rule_modules))
+
+    def _layers(self, spec: FunctionSpec) -> list[lambda_.ILayerVersion]:
+        if self.rule_layer is not None and spec.id in RULE_MODULE_FUNCTIONS:
+            return [self.layer, self.rule_layer]
+        return [self.layer]
 
     def _function(
         self,
@@ -490,7 +551,7 @@ class TrainguardStack(Stack):
             code=lambda_.Code.from_asset(
                 str(functions_root / spec.id), exclude=["__pycache__", "*.pyc", "tests", ".pytest_cache"]
             ),
-            layers=[self.layer],
+            layers=self._layers(spec),
             timeout=Duration.seconds(spec.timeout_s),
             memory_size=spec.memory_mb,
             environment=self._environment(spec),
@@ -724,8 +785,10 @@ class TrainguardStack(Stack):
             )
 
 
-def _allow(sid: str, actions: list[str], resources: list[str]) -> iam.PolicyStatement:
-    return iam.PolicyStatement(sid=sid, actions=actions, resources=resources)
+def _allow(
+    sid: str, actions: list[str], resources: list[str], conditions: dict[str, Any] | None = None
+) -> iam.PolicyStatement:
+    return iam.PolicyStatement(sid=sid, actions=actions, resources=resources, conditions=conditions)
 
 
 def _actions_filter(action: str) -> dict[str, sns.SubscriptionFilter]:

@@ -2,7 +2,6 @@
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from trainguard.service.report import handle_event
 
 logger = Logger(service="trainguard-report")

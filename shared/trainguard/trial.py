@@ -171,7 +171,8 @@ class Trial:
         regex: str | None = None,
         worker: int | None = None,
     ) -> list[str]:
-        """Names of tensors and scalars saved (at ``step``, in ``mode``, in ``collection``, matching ``regex``)."""
+        """Names of tensors and scalars saved (at ``step``, in ``mode``, in ``collection``,
+        matching ``regex``)."""
         pattern = re.compile(regex) if regex else None
         names: set[str] = set()
         for _, _, _, name, record in self._records(step, mode, worker):
@@ -206,10 +207,13 @@ class Trial:
     def scalars(
         self, mode: str | None = None, worker: int = 0, collection: str | None = None
     ) -> dict[str, dict[int, float]]:
-        """Every scalar of ``worker``: ``{name: {step: value}}`` (``mode`` None: the first mode that has it)."""
+        """Every scalar of ``worker``: ``{name: {step: value}}``.
+
+        ``mode`` None: a scalar saved in several modes at one step gives its first mode's value
+        (TRAIN, EVAL, PREDICT, GLOBAL)."""
         out: dict[str, dict[int, float]] = {}
         seen: set[tuple[str, int]] = set()
-        for s, _, m, name, record in sorted(
+        for s, _, _, name, record in sorted(
             self._records(None, mode, worker), key=lambda r: (r[0], MODE_ORDER.index(r[2]))
         ):
             if not isinstance(record, ScalarRecord) or (name, s) in seen:
@@ -224,7 +228,9 @@ class Trial:
         _, parsed = self._header(step, worker)
         entry = parsed.tensors.get(tensor_key(mode, name))
         if entry is None:
-            raise TensorUnavailable(f"{name!r}: no full tensor in the {mode} data of step {step}, worker {worker}")
+            raise TensorUnavailable(
+                f"{name!r}: no full tensor in the {mode} data of step {step}, worker {worker}"
+            )
         raw, _ = self.store.get_range(layout.step_key(step, worker), entry.begin, entry.end)
         return stepfile.decode_tensor(entry, raw)
 

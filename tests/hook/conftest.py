@@ -6,10 +6,8 @@ import time
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
-
 from hook_fakes import FlakyStore
-
+from moto.server import ThreadedMotoServer
 from trainguard.hook.storage import LocalStore
 
 
@@ -38,4 +36,3 @@ def flaky_local(tmp_path):
         return FlakyStore(LocalStore(tmp_path / "job"), **kwargs)
 
     return make
-

@@ -12,7 +12,9 @@ class FlakyStore(Store):
     """Wraps a store: PUTs fail while ``failing`` is set (or for keys matching ``fail_prefix``)
     and take ``delay_s``; every call is recorded."""
 
-    def __init__(self, inner: Store, *, failing: bool = False, delay_s: float = 0.0, fail_prefix: str | None = None):
+    def __init__(
+        self, inner: Store, *, failing: bool = False, delay_s: float = 0.0, fail_prefix: str | None = None
+    ):
         self.inner = inner
         self.url = inner.url
         self.failing = threading.Event()

@@ -1,7 +1,6 @@
 """SaveConfig / SaveConfigMode semantics (smdebug's) and collection defaults."""
 
 import pytest
-
 from trainguard import Collection, CollectionKeys, SaveConfig, SaveConfigMode, modes
 from trainguard.hook.config import DEFAULT_TENSOR_INTERVAL, build_collections, default_collection
 
@@ -40,8 +39,8 @@ def test_defaults_scalars_every_step_tensors_every_10():
     cols = build_collections(None, None, None, None)
     assert set(cols) == set(CollectionKeys.DEFAULT_INCLUDED)
     assert due(cols["losses"].save_config, modes.TRAIN, range(5)) == [0, 1, 2, 3, 4]
-    assert due(cols["gradients"].save_config, modes.TRAIN, range(25)) == [0, 10, 20]
-    assert DEFAULT_TENSOR_INTERVAL == 10
+    assert due(cols["gradients"].save_config, modes.TRAIN, range(120)) == [0, 50, 100]
+    assert DEFAULT_TENSOR_INTERVAL == 50
     assert cols["gradients"].percentiles == (5.0, 50.0, 95.0)
     assert cols["relu_output"].unit_active
     assert default_collection("tanh_input").unit_band == (-9.4999, 9.4999)

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import trainguard
 from trainguard import Collection, SaveConfig, modes
 from trainguard.format import layout
@@ -63,7 +62,12 @@ def test_numpy_loop_round_trip(tmp_path):
 
 def test_layout_keys_and_manifest(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINING_JOB_NAME", "sm-job-1")
-    rules = [{"RuleConfigurationName": "LossNotDecreasing", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"}}]
+    rules = [
+        {
+            "RuleConfigurationName": "LossNotDecreasing",
+            "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
+        }
+    ]
     out = tmp_path / "prefix" / "my-job.1"
     with trainguard.Hook(out, rules=rules, sagemaker_stop=True) as hook:
         hook.save_scalar("loss", 1.0, step=3, collections=["losses"])
@@ -76,7 +80,7 @@ def test_layout_keys_and_manifest(tmp_path, monkeypatch):
     assert manifest.sagemaker_training_job_name == "sm-job-1"
     assert {c.name for c in manifest.collections} == set(trainguard.CollectionKeys.DEFAULT_INCLUDED)
     grads = next(c for c in manifest.collections if c.name == "gradients")
-    assert grads.save_config["TRAIN"].save_interval == 10 and "percentiles" in grads.reductions
+    assert grads.save_config["TRAIN"].save_interval == 50 and "percentiles" in grads.reductions
 
 
 def test_default_rules_are_none_and_job_name_override(tmp_path):
@@ -215,5 +219,7 @@ def test_import_is_light():
         "h = trainguard.Hook; t = trainguard.create_trial; "
         "print(json.dumps(['torch' in sys.modules, 'boto3' in sys.modules]))"
     )
-    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
+    )
     assert json.loads(out.stdout) == [False, False]

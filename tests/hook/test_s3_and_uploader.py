@@ -8,9 +8,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 import trainguard
+from torch import nn
 from trainguard.format import layout
 from trainguard.format.documents import EndMarker, StopSignal, dump_document, parse_document
 from trainguard.hook.storage import S3Store, parse_s3_url
@@ -63,9 +62,11 @@ def test_numpy_and_torch_loops_to_s3(s3):
     with trainguard.Hook(url) as hook:
         hook.register_module(model)
         hook.register_loss(crit)
-        losses = [crit(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))) for _ in range(3)]
-        for loss in losses[-1:]:
+        losses = []
+        for _ in range(3):
+            loss = crit(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
             loss.backward()
+            losses.append(loss)
     trial = trainguard.create_trial(url)
     assert trial.steps() == [0, 1, 2]
     assert trial.tensor("CrossEntropyLoss_output_0").value(2) == pytest.approx(losses[2].item())
@@ -170,7 +171,9 @@ def test_flush_is_bounded(flaky_local):
 
 
 def write_stop(store):
-    signal = StopSignal(job=store.url.rsplit("/", 1)[-1], rule="LossNotDecreasing", reason="flat", requested_at=0.0)
+    signal = StopSignal(
+        job=store.url.rsplit("/", 1)[-1], rule="LossNotDecreasing", reason="flat", requested_at=0.0
+    )
     store.put(layout.STOP_SIGNAL, dump_document(signal))
 
 

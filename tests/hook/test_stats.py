@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from trainguard.hook.stats import PERCENTILE_SAMPLE, StatSpec, numpy_stats, torch_stats, unit_reduce_dims
 
 RNG = np.random.default_rng(7)
@@ -36,7 +35,9 @@ def check(stats, ref, rtol=1e-5):
 
 
 @pytest.mark.parametrize(
-    "shape", [(1000,), (64, 32), (8, 16, 5, 5), (4, 7, 11), (3,), (200_000,)], ids=lambda s: "x".join(map(str, s))
+    "shape",
+    [(1000,), (64, 32), (8, 16, 5, 5), (4, 7, 11), (3,), (200_000,)],
+    ids=lambda s: "x".join(map(str, s)),
 )
 def test_torch_and_numpy_paths_match_numpy(shape):
     a = (RNG.normal(size=shape) * 3 + 0.5).astype(np.float32)
@@ -51,7 +52,9 @@ def test_torch_and_numpy_paths_match_numpy(shape):
     for k in t.percentiles:
         assert math.isclose(t.percentiles[k], n.percentiles[k], rel_tol=1e-6, abs_tol=1e-6)
     if a.size <= PERCENTILE_SAMPLE:  # exact below the sample size
-        assert np.allclose([t.percentiles[k] for k in ("5", "50", "95")], np.percentile(a, [5, 50, 95]), rtol=1e-5)
+        assert np.allclose(
+            [t.percentiles[k] for k in ("5", "50", "95")], np.percentile(a, [5, 50, 95]), rtol=1e-5
+        )
     assert t.histogram == n.histogram
     assert sum(t.histogram.counts) == a.size
     assert t.unit_active == n.unit_active

@@ -6,9 +6,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 import trainguard
+from torch import nn
 from trainguard import Collection, SaveConfig, modes
 from trainguard.hook.stats import numpy_stats
 
@@ -47,12 +46,26 @@ def run(model, hook, steps, record=None, lr=0.1):
 
 def test_torch_loop_round_trip(tmp_path):
     out = tmp_path / "torch-job"
-    cols = ["losses", "weights", "biases", "gradients", "relu_output", "relu_input", "tanh_input",
-            "sigmoid_input", "labels", "predictions"]  # fmt: skip
-    full = [Collection(c, SaveConfig(save_interval=2), save_full=True) for c in ("weights", "biases", "gradients")]
+    cols = [
+        "losses",
+        "weights",
+        "biases",
+        "gradients",
+        "relu_output",
+        "relu_input",
+        "tanh_input",
+        "sigmoid_input",
+        "labels",
+        "predictions",
+    ]
+    full = [
+        Collection(c, SaveConfig(save_interval=2), save_full=True) for c in ("weights", "biases", "gradients")
+    ]
     record = {}
     model = mlp()
-    with trainguard.Hook(out, save_config=SaveConfig(save_interval=2), include_collections=cols, collections=full) as hook:
+    with trainguard.Hook(
+        out, save_config=SaveConfig(save_interval=2), include_collections=cols, collections=full
+    ) as hook:
         crit = run(model, hook, 5, record)
         hook.set_mode(modes.EVAL)
         with torch.no_grad():
@@ -72,7 +85,13 @@ def test_torch_loop_round_trip(tmp_path):
             assert got.stats(step).mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
         assert trial.tensor("CrossEntropyLoss/labels").stats(step).values == [float(v) for v in rec["y"]]
     names = trial.tensor_names(step=2)
-    for expected in ("1/relu_output", "1/relu_input", "3/tanh_input", "5/sigmoid_input", "CrossEntropyLoss/predictions"):
+    for expected in (
+        "1/relu_output",
+        "1/relu_input",
+        "3/tanh_input",
+        "5/sigmoid_input",
+        "CrossEntropyLoss/predictions",
+    ):
         assert expected in names
     relu = trial.tensor("1/relu_output").stats(2)
     assert len(relu.unit_active) == 8 and relu.samples == 16 and relu.min >= 0
@@ -90,13 +109,13 @@ def test_torch_loop_round_trip(tmp_path):
 
 def test_default_config_and_step_counting(tmp_path):
     with trainguard.Hook(tmp_path / "d") as hook:
-        run(mlp(), hook, 12)
-        assert hook.step == 11
+        run(mlp(), hook, 52)
+        assert hook.step == 51
     trial = trainguard.create_trial(tmp_path / "d")
-    assert trial.steps() == list(range(12))  # losses every step
-    assert trial.tensor("gradient/0.weight").steps() == [0, 10]  # tensors every 10
-    assert trial.tensor("0.bias").steps() == [0, 10]
-    assert trial.tensor("1/relu_output").steps() == [0, 10]
+    assert trial.steps() == list(range(52))  # losses every step
+    assert trial.tensor("gradient/0.weight").steps() == [0, 50]  # tensor statistics every 50
+    assert trial.tensor("0.bias").steps() == [0, 50]
+    assert trial.tensor("1/relu_output").steps() == [0, 50]
     assert "1/relu_input" not in trial.tensor_names()  # not a default collection
     assert trial.tensor("0.weight").record(0).stored is False
     with pytest.raises(trainguard.trial.TensorUnavailable, match="only statistics"):
@@ -133,21 +152,32 @@ def test_reused_relu_module_gets_suffixes(tmp_path):
 def test_update_l2_when_weight_update_ratio_declared(tmp_path):
     rules = [{"RuleConfigurationName": "wur", "RuleParameters": {"rule_to_invoke": "WeightUpdateRatio"}}]
     record = {}
-    with trainguard.Hook(tmp_path / "u", save_config=SaveConfig(save_interval=1), include_collections=["weights"],
-                         rules=rules) as hook:  # fmt: skip
+    with trainguard.Hook(
+        tmp_path / "u", save_config=SaveConfig(save_interval=1), include_collections=["weights"], rules=rules
+    ) as hook:
         run(mlp(), hook, 3, record)
     t = trainguard.create_trial(tmp_path / "u").tensor("0.weight")
     assert t.stats(0).update_l2 is None
-    want = float(np.linalg.norm((record[2]["weights"]["0.weight"] - record[1]["weights"]["0.weight"]).numpy()))
+    want = float(
+        np.linalg.norm((record[2]["weights"]["0.weight"] - record[1]["weights"]["0.weight"]).numpy())
+    )
     assert t.stats(2).update_l2 == pytest.approx(want, rel=1e-5)
-    assert "update_l2" in next(c for c in trainguard.create_trial(tmp_path / "u").manifest.collections
-                               if c.name == "weights").reductions  # fmt: skip
+    assert (
+        "update_l2"
+        in next(
+            c for c in trainguard.create_trial(tmp_path / "u").manifest.collections if c.name == "weights"
+        ).reductions
+    )
 
 
 def test_include_regex_saves_matching_module_outputs(tmp_path):
     model = mlp()
-    with trainguard.Hook(tmp_path / "x", include_collections=["losses"], include_regex=["2_output_0", "gradient/6.*"],
-                         save_config=SaveConfig(save_interval=1)) as hook:  # fmt: skip
+    with trainguard.Hook(
+        tmp_path / "x",
+        include_collections=["losses"],
+        include_regex=["2_output_0", "gradient/6.*"],
+        save_config=SaveConfig(save_interval=1),
+    ) as hook:
         run(model, hook, 2)
     names = trainguard.create_trial(tmp_path / "x").tensor_names(step=1, collection="default")
     assert names == ["2_output_0", "gradient/6.bias", "gradient/6.weight"]

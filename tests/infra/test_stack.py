@@ -25,7 +25,9 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from aws_cdk import Stack  # noqa: E402
 from aws_cdk.assertions import Annotations, Match, Template  # noqa: E402
-from trainguard.format.layout import STOP_SIGNAL  # noqa: E402
+from moto.events.models import EventPattern  # noqa: E402
+from trainguard.engine.events import DETAIL_TYPE, EVENT_SOURCE, JOB_DETAIL_TYPE, JobStatusDetail  # noqa: E402
+from trainguard.format.layout import REPORT, STOP_SIGNAL  # noqa: E402
 from trainguard.wiring import TABLE, WIRING  # noqa: E402
 
 from infra.app import build_app  # noqa: E402
@@ -38,6 +40,7 @@ PHONE = "+15555550100"
 OPS = "ops@example.com"
 CONTEXT = {"alertEmails": ",".join(EMAILS), "alertPhones": PHONE, "opsEmails": OPS}
 PREFIX = WIRING.ingest_prefix
+REPORT_DIR = REPORT.split("/")[0]
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -316,7 +319,7 @@ def test_encryption_everywhere(template: dict[str, Any]) -> None:
         p = q["Properties"]
         assert p.get("SqsManagedSseEnabled") is True or "KmsMasterKeyId" in p, logical_id
     topics = resources(template, "AWS::SNS::Topic")
-    assert len(topics) == 2
+    assert len(topics) == 3  # alerts, ops alarms, rule alarms
     for t in topics.values():
         assert "KmsMasterKeyId" in t["Properties"]
     for table in resources(template, "AWS::DynamoDB::Table").values():
@@ -412,41 +415,54 @@ def test_no_wildcard_actions_and_no_star_resources_except_xray(template: dict[st
             )
 
 
-EXPECTED_GRANTS: dict[str, tuple[set[str], Any]] = {
-    # token: (actions, resource builder(stack))
-    "bucket:read": ({"s3:GetObject"}, lambda st: [object_arn(st, f"/{PREFIX}*")]),
-    "bucket:write-stop": ({"s3:PutObject"}, lambda st: [object_arn(st, f"/{PREFIX}*/{STOP_SIGNAL}")]),
-    "table:readwrite": (
-        set(TABLE_ACTIONS),
-        lambda st: [
-            getatt_arn(st, st.table),
-            *(
-                {"Fn::Join": ["", [getatt_arn(st, st.table), f"/index/{index.name}"]]}
-                for index in TABLE.indexes
-            ),
-        ],
-    ),
-    "bus:put": ({"events:PutEvents"}, lambda st: [getatt_arn(st, st.bus)]),
-    "sagemaker:stop": (
-        {"sagemaker:StopTrainingJob", "sagemaker:DescribeTrainingJob"},
-        lambda st: [
-            {
-                "Fn::Join": [
-                    "",
-                    [
-                        "arn:",
-                        {"Ref": "AWS::Partition"},
-                        ":sagemaker:",
-                        {"Ref": "AWS::Region"},
-                        ":",
-                        {"Ref": "AWS::AccountId"},
-                        ":training-job/*",
-                    ],
-                ]
-            }
-        ],
-    ),
-    "ingest-dlq:send": ({"sqs:SendMessage"}, lambda st: [getatt_arn(st, st.dlqs["ingest-dlq"])]),
+EXPECTED_GRANTS: dict[str, list[tuple[set[str], Any]]] = {
+    # token: [(actions, resource builder(stack)), ...]
+    "bucket:read": [({"s3:GetObject"}, lambda st: [object_arn(st, f"/{PREFIX}*")])],
+    "bucket:read-job": [
+        ({"s3:ListBucket"}, lambda st: [getatt_arn(st, st.bucket)]),  # prefix condition: see below
+        ({"s3:GetObject"}, lambda st: [object_arn(st, f"/{PREFIX}*")]),
+    ],
+    "bucket:write-report": [({"s3:PutObject"}, lambda st: [object_arn(st, f"/{PREFIX}*/{REPORT_DIR}/*")])],
+    "bucket:write-stop": [({"s3:PutObject"}, lambda st: [object_arn(st, f"/{PREFIX}*/{STOP_SIGNAL}")])],
+    "table:readwrite": [
+        (
+            set(TABLE_ACTIONS),
+            lambda st: [
+                getatt_arn(st, st.table),
+                *(
+                    {"Fn::Join": ["", [getatt_arn(st, st.table), f"/index/{index.name}"]]}
+                    for index in TABLE.indexes
+                ),
+            ],
+        )
+    ],
+    "bus:put": [({"events:PutEvents"}, lambda st: [getatt_arn(st, st.bus)])],
+    "topic:publish": [
+        ({"sns:Publish"}, lambda st: [{"Ref": lid(st, st.alert_topic)}]),
+        ({"kms:GenerateDataKey", "kms:Decrypt"}, lambda st: [getatt_arn(st, st.topic_key)]),
+    ],
+    "sagemaker:stop": [
+        (
+            {"sagemaker:StopTrainingJob", "sagemaker:DescribeTrainingJob"},
+            lambda st: [
+                {
+                    "Fn::Join": [
+                        "",
+                        [
+                            "arn:",
+                            {"Ref": "AWS::Partition"},
+                            ":sagemaker:",
+                            {"Ref": "AWS::Region"},
+                            ":",
+                            {"Ref": "AWS::AccountId"},
+                            ":training-job/*",
+                        ],
+                    ]
+                }
+            ],
+        )
+    ],
+    "ingest-dlq:send": [({"sqs:SendMessage"}, lambda st: [getatt_arn(st, st.dlqs["ingest-dlq"])])],
 }
 
 
@@ -464,17 +480,140 @@ def test_each_grant_token_maps_to_exactly_its_least_privilege_statements(
             "logs:PutLogEvents": [getatt_arn(stack, stack.functions[spec.id].log_group)],
         }
         for token in spec.grants:
-            if token == "topic:publish":
-                expected.setdefault("sns:Publish", []).append({"Ref": lid(stack, stack.alert_topic)})
-                for a in ("kms:GenerateDataKey", "kms:Decrypt"):
-                    expected.setdefault(a, []).append(getatt_arn(stack, stack.topic_key))
-                continue
-            actions, build = EXPECTED_GRANTS[token]
-            for a in actions:
-                expected.setdefault(a, []).extend(build(stack))
+            for actions, build in EXPECTED_GRANTS[token]:
+                for a in actions:
+                    expected.setdefault(a, []).extend(build(stack))
         assert {a: sorted(map(json.dumps, r)) for a, r in granted.items()} == {
             a: sorted(map(json.dumps, r)) for a, r in expected.items()
         }, spec.id
+
+
+def role_statements(template: dict[str, Any], stack: TrainguardStack, fid: str) -> list[dict[str, Any]]:
+    """Every statement of every policy attached to the function's role (grants + CDK's default)."""
+    role_ref = {"Ref": lid(stack, stack.functions[fid].role)}
+    return [
+        s
+        for p in resources(template, "AWS::IAM::Policy").values()
+        if role_ref in p["Properties"]["Roles"]
+        for s in statements_of(p["Properties"]["PolicyDocument"])
+    ]
+
+
+def test_report_reads_job_objects_and_writes_only_its_report_folder(
+    stack: TrainguardStack, template: dict[str, Any]
+) -> None:
+    assert WIRING.function("report").grants == ("bucket:read-job", "bucket:write-report")
+    logs = getatt_arn(stack, stack.functions["report"].log_group)
+    assert grants_statements(template, stack, "report") == [
+        {
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Effect": "Allow",
+            "Resource": logs,
+            "Sid": "WriteOwnLogs",
+        },
+        {
+            "Action": "s3:ListBucket",
+            # listing only under the ingest prefix (the report lists jobs/<job>/...)
+            "Condition": {"StringLike": {"s3:prefix": [f"{PREFIX}*"]}},
+            "Effect": "Allow",
+            "Resource": getatt_arn(stack, stack.bucket),
+            "Sid": "ListJobObjects",
+        },
+        {
+            "Action": "s3:GetObject",
+            "Effect": "Allow",
+            "Resource": object_arn(stack, f"/{PREFIX}*"),
+            "Sid": "ReadJobObjects",
+        },
+        {
+            "Action": "s3:PutObject",
+            "Effect": "Allow",
+            "Resource": object_arn(stack, f"/{PREFIX}*/{REPORT_DIR}/*"),
+            "Sid": "WriteJobReport",
+        },
+    ]
+    assert REPORT.startswith(f"{REPORT_DIR}/")  # where trainguard.report writes it
+    everything = role_statements(template, stack, "report")
+    actions = {a for s in everything for a in as_list(s["Action"])}
+    # no state table, bus, topics, SageMaker, deletes; the only write is the report
+    assert not {
+        a for a in actions if a.split(":")[0] in ("dynamodb", "events", "sns", "kms", "sagemaker", "sqs")
+    }
+    assert {a for a in actions if a.startswith("s3:")} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject"}
+    for s in everything:
+        if "s3:PutObject" in as_list(s["Action"]):
+            assert as_list(s["Resource"]) == [object_arn(stack, f"/{PREFIX}*/{REPORT_DIR}/*")]
+    table = json.dumps(getatt_arn(stack, stack.table))
+    assert table not in json.dumps(everything)
+
+
+def test_clock_has_table_and_bus_grants_and_a_one_minute_schedule(
+    stack: TrainguardStack, template: dict[str, Any]
+) -> None:
+    spec = WIRING.function("clock")
+    assert spec.schedule_minutes == 1
+    assert spec.grants == ("table:readwrite", "bus:put")
+    table = getatt_arn(stack, stack.table)
+    assert grants_statements(template, stack, "clock") == [
+        {
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Effect": "Allow",
+            "Resource": getatt_arn(stack, stack.functions["clock"].log_group),
+            "Sid": "WriteOwnLogs",
+        },
+        {
+            "Action": list(TABLE_ACTIONS),
+            "Effect": "Allow",
+            # the tick queries the active-jobs index
+            "Resource": [table, {"Fn::Join": ["", [table, "/index/active-jobs"]]}],
+            "Sid": "ReadWriteState",
+        },
+        {
+            "Action": "events:PutEvents",
+            "Effect": "Allow",
+            "Resource": getatt_arn(stack, stack.bus),
+            "Sid": "PutStatusEvents",
+        },
+    ]
+    schedule = props(template, lid(stack, stack.schedules["clock"]))
+    assert schedule["ScheduleExpression"] == "rate(1 minute)"
+    assert schedule["State"] == "ENABLED"
+    (target,) = schedule["Targets"]
+    assert target["Arn"] == getatt_arn(stack, stack.functions["clock"])
+
+
+def test_report_rule_matches_exactly_the_job_finished_event(
+    stack: TrainguardStack, template: dict[str, Any]
+) -> None:
+    spec = next(r for r in WIRING.bus_rules if r.id == "report")
+    assert spec.target == "report"
+    p = props(template, lid(stack, stack.rules["report"]))
+    assert p["EventPattern"] == spec.pattern == {"source": [EVENT_SOURCE], "detail-type": [JOB_DETAIL_TYPE]}
+    (target,) = p["Targets"]
+    assert target["Arn"] == getatt_arn(stack, stack.functions["report"])
+    detail = JobStatusDetail(
+        EventId="job-1/finished",
+        TrainingJobName="job-1",
+        TrainingJobStatus="Completed",
+        LastStep=99,
+        StepsEvaluated=100,
+        LastModifiedTime=1.0,
+    ).model_dump(mode="json")
+    envelope = {"version": "0", "account": "123456789012", "region": "us-east-1", "resources": []}
+    finished = {**envelope, "source": EVENT_SOURCE, "detail-type": JOB_DETAIL_TYPE, "detail": detail}
+    status = {
+        **envelope,
+        "source": EVENT_SOURCE,
+        "detail-type": DETAIL_TYPE,
+        "detail": {"RuleEvaluationStatus": "IssuesFound", "Actions": ["Email", "StopTraining"]},
+    }
+    # the deployed patterns, as EventBridge (moto's implementation) matches them
+    matching = {
+        rid: EventPattern.load(json.dumps(props(template, lid(stack, rule))["EventPattern"]))
+        for rid, rule in stack.rules.items()
+    }
+    assert {rid for rid, pat in matching.items() if pat.matches_event(finished)} == {"report"}
+    assert {rid for rid, pat in matching.items() if pat.matches_event(status)} == {"alert", "stop"}
 
 
 def test_function_roles_trust_only_lambda_and_use_no_managed_policies(
@@ -567,10 +706,15 @@ def test_alert_subscriptions_from_context_with_filter_policies(
 def test_alarms_on_every_dlq_and_function_go_to_the_ops_topic(
     stack: TrainguardStack, template: dict[str, Any]
 ) -> None:
-    alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
+    everything = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
     ops = {"Ref": lid(stack, stack.ops_topic)}
+    rule_topic = {"Ref": lid(stack, stack.rule_alarm_topic)}
+    # the rule-outcome alarms (tests/infra/test_observability.py) go to their own topic
+    assert all(a["AlarmActions"] in ([ops], [rule_topic]) for a in everything)
+    alarms = [a for a in everything if a["AlarmActions"] == [ops]]
+    assert len(alarms) == len(stack.alarms)
     for a in alarms:
-        assert a["AlarmActions"] == [ops]
+        assert a["OKActions"] == [ops]
         assert a["ComparisonOperator"] == "GreaterThanThreshold"
 
     def dims(a: dict[str, Any]) -> list[Any]:
@@ -657,7 +801,7 @@ def test_wiring_validation_rejects_dangling_references(tmp_path: Path) -> None:
 def test_every_wiring_grant_token_is_known_and_tested(stack: TrainguardStack) -> None:
     tokens = {t for f in WIRING.functions for t in f.grants}
     assert tokens <= grant_tokens(WIRING) == set(stack._grant_factories())
-    assert grant_tokens(WIRING) <= {*EXPECTED_GRANTS, "topic:publish"}  # each has its expectation above
+    assert grant_tokens(WIRING) <= set(EXPECTED_GRANTS)  # each has its expectation above
 
 
 def test_config_merges_file_and_context_and_validates(tmp_path: Path) -> None:
@@ -672,12 +816,16 @@ def test_config_merges_file_and_context_and_validates(tmp_path: Path) -> None:
     assert cfg.ops_emails == cfg.alert_emails  # defaults to the alert recipients
     assert cfg.alert_phones == ("+15555550100",)
     assert cfg.log_retention_days == 14
+    assert cfg.rule_alarm_emails == ()  # rule alarms have no default subscriber
+    cfg = StackConfig.load({"ruleAlarmEmails": "ml@example.com"}.get, tmp_path, environ={})
+    assert cfg.rule_alarm_emails == ("ml@example.com",)
     assert StackConfig.load({}.get, tmp_path / "none", environ={}) == StackConfig()
     for bad in (
         {"alertEmails": "not-an-email"},
         {"alertPhones": "5555550100"},
         {"architecture": "sparc"},
         {"logRetentionDays": "13"},
+        {"ruleAlarmEmails": "nope"},
     ):
         with pytest.raises(ConfigError):
             StackConfig.load(bad.get, tmp_path / "none", environ={})

@@ -1,7 +1,7 @@
 """A synthetic but realistic job folder for the report tests (and for looking at a report).
 
 Two nodes (``algo-1``, ``algo-2``), one worker each, two GPUs per node, sampled every 0.5 s
-for 20 minutes: 90 s of initialisation, a training loop with a checkpoint stall every 300
+for 20 minutes: 90 s of initialisation, a training loop with a checkpoint stall every 250
 steps, a slowly leaking GPU on algo-2 that also does less work, too few data-loader workers,
 and TRAIN/EVAL losses saved every 10 steps by worker 0.
 """
@@ -54,7 +54,7 @@ def step_events(total_s: float = TOTAL_S) -> list[tuple[int, float, float, float
     step = 0
     while t < T0 + total_s - FINAL_S:
         wait = 0.02 + rng.random() * 0.02
-        d = STEP_S * (0.9 + 0.2 * rng.random()) + (2.5 if step and step % 300 == 0 else 0.0)
+        d = STEP_S * (0.9 + 0.2 * rng.random()) + (2.5 if step and step % 250 == 0 else 0.0)
         start = t + wait
         out.append((step, start, start + d, wait))
         t = start + d
@@ -87,7 +87,7 @@ def write_demo_job(root: Path, job: str = "demo-job", total_s: float = TOTAL_S) 
         for i in range(1, n + 1):
             t = T0 + i * INTERVAL
             training = T0 + INIT_S <= t <= loop_end
-            checkpoint = training and (int((t - T0 - INIT_S) / STEP_S) % 300) < 8
+            checkpoint = training and (int((t - T0 - INIT_S) / STEP_S) % 250) < 8
             base = 85.0 if training and not checkpoint else 2.0
             gpus = []
             for g in range(2):

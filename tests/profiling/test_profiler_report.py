@@ -67,3 +67,22 @@ def test_check_clock_forwards_to_max_initialization_time() -> None:
     state, found = rule.check_clock(state, T0 + 3600)
     assert found == [] and "MaxInitializationTime" in state.findings
     assert len(rule.finish(state)) == 1
+
+
+def test_evaluate_per_worker_matches_the_services_one_state_per_worker() -> None:
+    from trainguard.rules.profiler import evaluate_per_worker
+
+    healthy = series(1400, cpu=const(50.0), gpu=lambda i: ((90.0, 60.0),), worker=0)
+    starved = series(1400, cpu=const(95.0), gpu=lambda i: ((5.0, 60.0),), worker=1, host="node-b")
+    shuffled = [b for pair in zip(starved, healthy, strict=True) for b in pair]
+    results = {r.name: r for r in evaluate_per_worker(shuffled)}
+    cpu = results["CPUBottleneck"]
+    assert cpu.status == "IssuesFound" and cpu.finding is not None
+    assert cpu.finding.message.startswith("worker 1: ") and cpu.finding.step == 1099
+    # one GPU per worker: GPUs of different workers are not compared (as in the service)
+    assert results["LoadBalancing"].status == "NoIssuesFound"
+    assert "fewer than two GPUs" in results["LoadBalancing"].notes["note"]
+    # delivery order across workers does not change the verdicts
+    again = {r.name: r for r in evaluate_per_worker(list(reversed(shuffled)))}
+    assert {n: r.status for n, r in again.items()} == {n: r.status for n, r in results.items()}
+    assert evaluate_per_worker([])[0].name == "CPUBottleneck"

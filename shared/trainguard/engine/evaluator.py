@@ -238,7 +238,8 @@ def _advance_system(
                     rule_state, findings = rule.update(rule_state, arrival.batch)
                     record.worker_states[worker] = rule.dump_state(rule_state)
                 except Exception as exc:
-                    reason = f"RuleEvaluationError on system batch {seq} of worker {worker}: {type(exc).__name__}: {exc}"
+                    where = f"system batch {seq} of worker {worker}"
+                    reason = f"RuleEvaluationError on {where}: {type(exc).__name__}: {exc}"
                     _set_status(out, record, "Error", reason, now)
                     continue
                 if findings:

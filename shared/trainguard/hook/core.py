@@ -84,7 +84,7 @@ DEFAULT_STOP_CHECK_INTERVAL_S = 5.0
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
 
 
-class StopTrainingRequested(Exception):  # noqa: N818 - a request, not an error
+class StopTrainingRequested(Exception):
     """The service asked this job to stop (a rule with the StopTraining action fired).
 
     Raised once, at a step boundary, when the hook has ``raise_on_stop=True``. Catch it to
@@ -153,7 +153,7 @@ class Hook:
         The job folder: ``s3://bucket/prefix/<job>`` or a local directory (same layout).
     save_config
         Applies to every collection not given its own (smdebug's precedence). Default:
-        scalars and losses every step, tensor statistics every 10 steps
+        scalars and losses every step, tensor statistics every 50 steps
         (see ``trainguard.hook.config``).
     include_collections
         Collections to save (``CollectionKeys``); default ``CollectionKeys.DEFAULT_INCLUDED``.
@@ -207,7 +207,9 @@ class Hook:
         if rules is not None and (
             not isinstance(rules, list) or not all(isinstance(r, Mapping) for r in rules)
         ):
-            raise ValueError("rules must be a list of DebugRuleConfigurations dicts (or None for the defaults)")
+            raise ValueError(
+                "rules must be a list of DebugRuleConfigurations dicts (or None for the defaults)"
+            )
         self.rules = [dict(r) for r in rules] if rules is not None else None
         detected_rank, detected_world = env.rank_and_world()
         self.rank = detected_rank if rank is None else rank
@@ -228,7 +230,11 @@ class Hook:
         spill = Path(spill_dir) if spill_dir else Path(tempfile.gettempdir()) / "trainguard-spill"
         self.spill_dir = spill / f"{self.job_name}-worker{self.rank:05d}-{os.getpid()}"
         self._uploader = Uploader(
-            self._store, self._encode, queue_size=queue_size, spill_dir=self.spill_dir, on_error=self._writer_error
+            self._store,
+            self._encode,
+            queue_size=queue_size,
+            spill_dir=self.spill_dir,
+            on_error=self._writer_error,
         )
         self._lock = threading.RLock()
         self._mode = ModeKeys.TRAIN
@@ -262,11 +268,13 @@ class Hook:
         self._poller: threading.Thread | None = None
         if stop_check_interval_s and stop_check_interval_s > 0:
             self._poller = threading.Thread(
-                target=self._poll_stop, args=(float(stop_check_interval_s),), name="trainguard-stop", daemon=True
+                target=self._poll_stop,
+                args=(float(stop_check_interval_s),),
+                name="trainguard-stop",
+                daemon=True,
             )
             self._poller.start()
-        ref = weakref.ref(self)
-        atexit.register(lambda: (h := ref()) is not None and h.close())
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public state
     @property
@@ -414,7 +422,12 @@ class Hook:
                 shape = [int(d) for d in value.shape]
                 copy = value.detach().to("cpu", copy=True) if full else None
                 if copy is not None and dtype not in _TORCH_STORABLE:
-                    self._warn_once(f"dtype:{name}", "cannot store tensor %r of dtype %s in full; statistics only", name, dtype)
+                    self._warn_once(
+                        f"dtype:{name}",
+                        "cannot store tensor %r of dtype %s in full; statistics only",
+                        name,
+                        dtype,
+                    )
                     copy = None
             else:
                 array = np.asarray(value)
@@ -422,7 +435,12 @@ class Hook:
                 dtype, shape = array.dtype.name, [int(d) for d in array.shape]
                 copy = np.array(array, copy=True) if full else None
                 if copy is not None and not _numpy_storable(copy.dtype):
-                    self._warn_once(f"dtype:{name}", "cannot store tensor %r of dtype %s in full; statistics only", name, dtype)
+                    self._warn_once(
+                        f"dtype:{name}",
+                        "cannot store tensor %r of dtype %s in full; statistics only",
+                        name,
+                        dtype,
+                    )
                     copy = None
         except TypeError as exc:
             self._warn_once(f"type:{name}", "skipping tensor %r: %s", name, exc)
@@ -430,7 +448,9 @@ class Hook:
         if any(c.update_norm for c in cols):
             stats = self._with_update_norm(name, value, stats, is_torch)
         if len(shape) > stepfile.MAX_NDIM:
-            self._warn_once(f"ndim:{name}", "skipping tensor %r: more than %d dimensions", name, stepfile.MAX_NDIM)
+            self._warn_once(
+                f"ndim:{name}", "skipping tensor %r: more than %d dimensions", name, stepfile.MAX_NDIM
+            )
             return False
         self._mode_buffer().tensors[name] = _PendingTensor([c.name for c in cols], dtype, shape, stats, copy)
         return True
@@ -445,7 +465,12 @@ class Hook:
             import torch
 
             cur = value.detach()
-            if prev is not None and prev.shape == cur.shape and prev.device == cur.device and prev.dtype == cur.dtype:
+            if (
+                prev is not None
+                and prev.shape == cur.shape
+                and prev.device == cur.device
+                and prev.dtype == cur.dtype
+            ):
                 diff = torch.linalg.vector_norm((cur - prev).double())
                 update = float(diff) if cur.device.type == "cpu" else diff
                 prev.copy_(cur)
@@ -502,7 +527,11 @@ class Hook:
 
     def _enter(self, step: int | None, mode: ModeKeys | str | None) -> frozenset[str] | None:
         """Make (step, mode) current and return the collections due there (None: too old)."""
-        m = self._mode if mode is None else (mode if isinstance(mode, ModeKeys) else ModeKeys(str(mode).upper()))
+        m = (
+            self._mode
+            if mode is None
+            else (mode if isinstance(mode, ModeKeys) else ModeKeys(str(mode).upper()))
+        )
         if step is not None:
             step = _check_step(step)
             if step != self._step:
@@ -605,24 +634,33 @@ class Hook:
         body: dict[str, stepfile.TensorBlob] = {}
         modes: dict[Any, ModeRecord] = {}
         for mode, buf in record.modes.items():
-            scalars = {n: ScalarRecord(value=_to_float(v), collections=c) for n, (v, c) in buf.scalars.items()}
+            scalars = {
+                n: ScalarRecord.model_construct(value=_to_float(v), collections=c)
+                for n, (v, c) in buf.scalars.items()
+            }
             tensors: dict[str, TensorRecord] = {}
             order = self._order
-            items = sorted(buf.tensors.items(), key=lambda kv: order.get(kv[0], 1 << 30)) if order else buf.tensors.items()
+            items = (
+                sorted(buf.tensors.items(), key=lambda kv: order.get(kv[0], 1 << 30))
+                if order
+                else buf.tensors.items()
+            )
             for name, pending in items:
                 stats = pending.stats.finalize() if isinstance(pending.stats, PendingStats) else pending.stats
                 stored = False
                 if pending.full is not None:
                     body[tensor_key(mode, name)] = _blob(pending.full)
                     stored = True
-                tensors[name] = TensorRecord(
+                tensors[name] = TensorRecord.model_construct(
                     collections=pending.collections[:32],
                     dtype=pending.dtype,
                     shape=pending.shape,
                     stats=stats,
                     stored=stored,
                 )
-            modes[mode] = ModeRecord(mode_step=buf.mode_step, scalars=scalars, tensors=tensors)
+            modes[mode] = ModeRecord.model_construct(
+                mode_step=buf.mode_step, scalars=scalars, tensors=tensors
+            )
         header = StepHeader(
             job=self.job_name,
             step=record.step,
@@ -767,8 +805,21 @@ class Hook:
 
 
 _TORCH_STORABLE = frozenset(
-    {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
-     "uint16", "uint32", "uint64"}
+    {
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "uint16",
+        "uint32",
+        "uint64",
+    }
 )
 
 
@@ -802,7 +853,7 @@ def _view_blob(name: str, array: np.ndarray[Any, Any]) -> stepfile.TensorBlob:
     """Wrap a little-endian array's buffer (copied only if it is not contiguous)."""
     shape = tuple(int(d) for d in array.shape)
     flat = np.ascontiguousarray(array).reshape(-1)  # (ascontiguousarray makes 0-d arrays 1-d)
-    data = memoryview(flat).cast("B") if flat.size else b""
+    data = memoryview(flat).cast("B") if flat.size else b""  # type: ignore[arg-type]
     return stepfile.TensorBlob(name, shape, data)
 
 
@@ -823,13 +874,24 @@ def _to_float(value: Any) -> float:
     return result if not isinstance(result, bool) else float(result)
 
 
+def _close_at_exit(ref: weakref.ReferenceType[Hook]) -> None:
+    """A hook the user forgot to close still flushes (bounded) and writes its end marker."""
+    hook = ref()
+    if hook is not None:
+        hook.close()
+
+
 def _rule_to_invoke(entry: Any) -> Any:
     params = entry.get("RuleParameters") if isinstance(entry, Mapping) else None
     return params.get("rule_to_invoke") if isinstance(params, Mapping) else None
 
 
 def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or not 0 <= int(step) <= layout.MAX_STEP:
+    if (
+        isinstance(step, bool)
+        or not isinstance(step, int | np.integer)
+        or not 0 <= int(step) <= layout.MAX_STEP
+    ):
         raise ValueError(f"step must be an integer in 0..{layout.MAX_STEP}, got {step!r}")
     return int(step)
 

@@ -12,7 +12,11 @@ import os
 import sys
 from collections.abc import Mapping
 
-_RANK_VARS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+_RANK_VARS = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
 
 
 def rank_and_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:

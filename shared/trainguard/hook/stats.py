@@ -1,18 +1,22 @@
 """Tensor statistics, computed where the tensor lives; a numpy path computes the same ones.
 
 The hot path must not copy tensors to the host or launch dozens of kernels per tensor, so
-the PyTorch path reduces on the tensor's device with four passes over the data:
+the PyTorch path reduces on the tensor's device with a handful of vectorised passes and
+one small host copy per tensor:
 
-* ``torch.std_mean`` (one Welford pass: mean and population std),
-* ``torch.aminmax`` (min and max in one pass),
-* ``torch.linalg.vector_norm(x, 1)`` (l1; ``mean_abs = l1 / n``),
-* ``torch.count_nonzero`` (zeros = n - nonzero).
+* ``sum(x)`` and ``||x||₂`` (mean, and the variance as ``E[x²] - mean²`` in float64 on the
+  host; when the mean dwarfs the spread, so that this would cancel, an exact
+  ``var_mean`` in float64 is paid instead),
+* ``aminmax(x)`` (min and max in one pass),
+* ``a = |x|``; ``sum(a)`` (l1, ``mean_abs = l1 / n``); ``sign_(a)``; ``sum(a)`` (the
+  non-zero count: zeros = n - nonzero). On the CPU these elementwise passes are 3-10x
+  faster than ``vector_norm(x, 1)`` and ``count_nonzero``, whose kernels are not vectorised.
 
-``l2`` is derived, not measured: ``l2² = n·(std² + mean²)``. NaN and Inf counts come for
-free on the CPU (a finite mean proves there are none, so they are counted only when the
-mean is not finite); on an accelerator they are two more fused reductions so the training
-thread never waits for a device-to-host copy: the small result vectors are copied to the
-host by the background writer (``PendingStats.finalize``).
+NaN and Inf counts come for free on the CPU (finite sums prove there are none, so they
+are counted only when a sum is not finite). On an accelerator, where Welford's
+``std_mean`` is cheap, it replaces the sum of squares, NaN/Inf counts are two more
+reductions, and nothing is copied to the host on the training thread: the small result
+vectors are copied by the background writer (``PendingStats.finalize``).
 
 Optional reductions (percentiles, histogram, per-unit activity / band fraction) cost
 extra passes and run only for collections that ask for them. Percentiles of tensors with
@@ -35,7 +39,7 @@ import numpy as np
 from trainguard.format.documents import MAX_UNITS, MAX_VALUE_COUNTS, MAX_VALUES, Histogram, TensorStats
 from trainguard.hook.config import Collection
 
-PERCENTILE_SAMPLE = 4096
+PERCENTILE_SAMPLE = 1024
 #: per-unit fractions are rounded: a 1% threshold needs far less, and it keeps headers small
 UNIT_DECIMALS = 5
 
@@ -99,8 +103,14 @@ def _pct_key(p: float) -> str:
     return f"{p:g}"
 
 
-def _round_units(values: Iterable[float]) -> list[float]:
-    return [round(float(v), UNIT_DECIMALS) for v in values]
+def _unit_fractions(counts: Any, per_unit: int) -> Any:
+    """counts / per_unit rounded to UNIT_DECIMALS, vectorised (numpy or torch: same float64 ops)."""
+    scale = 10.0**UNIT_DECIMALS
+    if isinstance(counts, np.ndarray):
+        return np.round(counts.astype(np.float64) / per_unit * scale) / scale
+    import torch
+
+    return torch.round(counts.double() / per_unit * scale) / scale
 
 
 def _histogram(edges_lo: float, edges_hi: float, counts: Sequence[int]) -> Histogram:
@@ -135,13 +145,18 @@ def _assemble(
     nonzero: int,
     nan: int,
     inf: int,
+    l2: float | None = None,
     **extra: Any,
 ) -> TensorStats:
-    if math.isfinite(mean) and math.isfinite(std):
+    if l2 is not None:
+        pass
+    elif math.isfinite(mean) and math.isfinite(std):
         l2 = math.sqrt(max(numel * (std * std + mean * mean), 0.0))
     else:
         l2 = math.inf if nan == 0 else math.nan
-    return TensorStats(
+    # built without re-validation: every value comes from our own reductions, and the
+    # objects are validated by whoever reads them (the trial API, the service)
+    return TensorStats.model_construct(
         numel=numel,
         mean=mean,
         std=std,
@@ -192,10 +207,12 @@ def numpy_stats(array: Any, spec: StatSpec = StatSpec()) -> TensorStats:
     dims = unit_reduce_dims(a.shape, spec.unit_axis_3d) if (spec.unit_active or spec.unit_band) else None
     if dims is not None:
         if spec.unit_active:
-            extra["unit_active"] = _round_units((x > 0).mean(axis=dims))
+            per_unit = n // a.shape[next(d for d in range(a.ndim) if d not in dims)]
+            extra["unit_active"] = _unit_fractions((x > 0).sum(axis=dims), per_unit).tolist()
         if spec.unit_band:
             lo, hi = spec.unit_band
-            extra["unit_in_band"] = _round_units(((x >= lo) & (x <= hi)).mean(axis=dims))
+            per_unit = n // a.shape[next(d for d in range(a.ndim) if d not in dims)]
+            extra["unit_in_band"] = _unit_fractions(((x >= lo) & (x <= hi)).sum(axis=dims), per_unit).tolist()
             extra["band"] = (lo, hi)
     if a.ndim >= 2:
         extra["samples"] = int(a.shape[0])
@@ -245,17 +262,17 @@ class PendingStats:
             both = _tolist(picked)
             k = len(frac)
             values = [a + (b - a) * f for a, b, f in zip(both[:k], both[k:], frac, strict=True)]
-            extra["percentiles"] = {_pct_key(p): float(v) for p, v in zip(self.spec.percentiles, values, strict=True)}
+            extra["percentiles"] = {
+                _pct_key(p): float(v) for p, v in zip(self.spec.percentiles, values, strict=True)
+            }
         if self.histogram is not None:
             rng = _hist_range(self.spec, mn, mx)
             if rng is not None:
                 extra["histogram"] = _histogram(rng[0], rng[1], [int(c) for c in _tolist(self.histogram)])
         if self.unit_active is not None:
-            counts, per_unit = self.unit_active
-            extra["unit_active"] = _round_units(c / per_unit for c in _tolist(counts))
+            extra["unit_active"] = _tolist(self.unit_active)
         if self.unit_in_band is not None:
-            counts, per_unit = self.unit_in_band
-            extra["unit_in_band"] = _round_units(c / per_unit for c in _tolist(counts))
+            extra["unit_in_band"] = _tolist(self.unit_in_band)
             extra["band"] = self.spec.unit_band
         if len(self.shape) >= 2:
             extra["samples"] = int(self.shape[0])
@@ -263,7 +280,9 @@ class PendingStats:
             extra["values"] = [float(v) for v in _tolist(self.values)]
         if self.value_counts is not None:
             uniq, cnt = self.value_counts
-            extra["value_counts"] = {str(int(u)): int(c) for u, c in zip(_tolist(uniq), _tolist(cnt), strict=True)}
+            extra["value_counts"] = {
+                str(int(u)): int(c) for u, c in zip(_tolist(uniq), _tolist(cnt), strict=True)
+            }
         if self.update_l2 is not None:
             extra["update_l2"] = float(_tolist(self.update_l2)[0])
         return _assemble(self.numel, mean, std, mn, mx, l1, nonzero, nan, inf, **extra)
@@ -293,19 +312,29 @@ def torch_stats(tensor: Any, spec: StatSpec = StatSpec()) -> PendingStats:
         xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
         on_cpu = x.device.type == "cpu"
         mn, mx = torch.aminmax(xf)
-        l1 = torch.linalg.vector_norm(xf, 1)
-        nonzero = torch.count_nonzero(xf)
+        # l1 and the non-zero count from one |x| buffer: abs, sum, sign_ (in place), sum are
+        # vectorised elementwise passes, 3-10x faster on the CPU than vector_norm(x, 1) and
+        # count_nonzero (NaN propagates into the count; that case is recounted below).
+        magnitude = xf.abs()
+        l1 = magnitude.sum()
+        nonzero = magnitude.sign_().sum(dtype=torch.float64)
         if on_cpu:
             # sum and sum of squares are vectorised single passes on the CPU, where
             # std_mean's Welford loop is ~50x slower; the variance is exact enough unless
             # the mean dwarfs the spread, and then we pay for the exact two-pass var_mean.
             total = xf.sum()
             l2 = torch.linalg.vector_norm(xf, 2)
-            s, sq, a1, lo, hi = torch.stack([total, l2, l1, mn, mx]).double().tolist()
-            counts: Any = [int(nonzero), 0, 0]
+            s, sq, a1, lo, hi, nz = (
+                torch.stack([total, l2, l1, mn, mx, nonzero.to(xf.dtype)]).double().tolist()
+            )
+            counts: Any = [int(nonzero) if math.isfinite(nz) else 0, 0, 0]
             if not (math.isfinite(s) and math.isfinite(sq)):
                 # NaN/Inf (or overflow of the squares): count them; rare, so not paid on every tensor
-                counts = [counts[0], int(torch.isnan(xf).sum()), int(torch.isinf(xf).sum())]
+                counts = [
+                    int(torch.count_nonzero(xf)),
+                    int(torch.isnan(xf).sum()),
+                    int(torch.isinf(xf).sum()),
+                ]
             mean = s / n
             var = sq * sq / n - mean * mean if math.isfinite(sq) else math.nan
             exact = counts[1] == 0 and counts[2] == 0 and (not math.isfinite(var) or var < 1e-4 * mean * mean)
@@ -317,7 +346,10 @@ def torch_stats(tensor: Any, spec: StatSpec = StatSpec()) -> PendingStats:
         else:
             std_t, mean_t = torch.std_mean(xf, correction=0)
             main = torch.stack([mean_t, std_t, mn, mx, l1]).double()
-            counts = torch.stack([nonzero, torch.isnan(xf).sum(), torch.isinf(xf).sum()])
+            nan_count = torch.isnan(xf).sum()
+            # NaN made sign() NaN, so count non-zeros exactly when there are NaNs (device-side)
+            exact_nonzero = torch.where(nan_count > 0, torch.count_nonzero(xf).double(), nonzero)
+            counts = torch.stack([exact_nonzero.long(), nan_count, torch.isinf(xf).sum()])
         pending = PendingStats(n, main, counts, spec, shape)
         if spec.percentiles:
             flat = xf.reshape(-1)
@@ -334,10 +366,12 @@ def torch_stats(tensor: Any, spec: StatSpec = StatSpec()) -> PendingStats:
             unit = next(d for d in range(len(shape)) if d not in dims)
             per_unit = n // shape[unit]
             if spec.unit_active:
-                pending.unit_active = (_unit_count(xf > 0, unit), per_unit)
+                pending.unit_active = _unit_fractions(_unit_count(xf > 0, unit), per_unit)
             if spec.unit_band:
                 lo_b, hi_b = spec.unit_band
-                pending.unit_in_band = (_unit_count((xf >= lo_b) & (xf <= hi_b), unit), per_unit)
+                pending.unit_in_band = _unit_fractions(
+                    _unit_count((xf >= lo_b) & (xf <= hi_b), unit), per_unit
+                )
         is_int = not x.is_floating_point()
         if (spec.values or (spec.value_counts and is_int)) and n <= MAX_VALUES:
             pending.values = xf.reshape(-1).double().clone()
@@ -366,7 +400,7 @@ def _percentile_positions(percentiles: Sequence[float], m: int) -> tuple[list[in
     frac: list[float] = []
     for p in percentiles:
         pos = p / 100.0 * (m - 1)
-        i = int(math.floor(pos))
+        i = math.floor(pos)
         lo.append(i)
         hi.append(min(i + 1, m - 1))
         frac.append(pos - i)

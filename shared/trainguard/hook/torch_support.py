@@ -91,13 +91,16 @@ class TorchIntegration:
             wants_regex = bool(self._regex) and (
                 self._matches(f"{qual}_input_0") or self._matches(f"{qual}_output_0")
             )
-            if kind is not None and self._kind_collections(kind) & cols.keys() or wants_regex:
-                self.handles.append(sub.register_forward_hook(self._guard(self._make_act_hook(qual, kind, wants_regex))))
+            if (kind is not None and self._kind_collections(kind) & cols.keys()) or wants_regex:
+                self.handles.append(
+                    sub.register_forward_hook(self._guard(self._make_act_hook(qual, kind, wants_regex)))
+                )
 
     def register_loss(self, loss_module: Any) -> None:
         if not isinstance(loss_module, self.torch.nn.Module):
             raise TypeError(
-                f"register_loss needs a torch.nn.Module (e.g. nn.CrossEntropyLoss()), got {type(loss_module).__name__}; "
+                "register_loss needs a torch.nn.Module (e.g. nn.CrossEntropyLoss()), "
+                f"got {type(loss_module).__name__}; "
                 "for a functional loss call hook.save_scalar(name, loss, collections=['losses'])"
             )
         name = f"{type(loss_module).__name__}_output_0"

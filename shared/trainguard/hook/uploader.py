@@ -18,6 +18,7 @@ disk and the log line says where.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -138,10 +139,8 @@ class Uploader:
         if not self._started:
             return 0
         deadline = time.monotonic() + max(0.0, timeout_s)
-        try:
+        with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Full:
-            pass
         self._writer.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._writer_done = True
@@ -221,7 +220,9 @@ class Uploader:
             path = self._spill_dir / f"{next(self._seq):012d}-{entry.key.replace('/', '__')}"
             path.write_bytes(entry.data)
         except OSError as exc:
-            log.warning("trainguard: cannot spill to %s (%s); keeping the object in memory", self._spill_dir, exc)
+            log.warning(
+                "trainguard: cannot spill to %s (%s); keeping the object in memory", self._spill_dir, exc
+            )
             return
         if counted:
             self._memory -= entry.size

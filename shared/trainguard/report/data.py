@@ -10,6 +10,7 @@ is listed in ``problems`` and skipped, never fatal.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from trainguard.format.system import SystemBatch, parse_system_batch
 
 MAX_SYSTEM_OBJECTS = 50_000
 MAX_STEP_OBJECTS = 5_000
+#: concurrent reads (S3 GETs are latency-bound; the stores are thread-safe)
+FETCH_THREADS = 16
 MODES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
 
 
@@ -76,11 +79,19 @@ def _load_system(store: Any, data: JobData) -> None:
     if len(keys) > MAX_SYSTEM_OBJECTS:
         data.notes.append(f"{len(keys)} system objects; the report reads the first {MAX_SYSTEM_OBJECTS}")
         keys = keys[:MAX_SYSTEM_OBJECTS]
-    for _, _, key in keys:
+
+    def fetch(key: str) -> SystemBatch | str:
         try:
-            data.batches.append(parse_system_batch(store.get(key)))
+            return parse_system_batch(store.get(key))
         except Exception as exc:
-            data.problems.append(f"{key}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            return f"{key}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:  # S3 GETs are latency-bound
+        for result in pool.map(fetch, [key for _, _, key in keys]):
+            if isinstance(result, str):
+                data.problems.append(result)
+            else:
+                data.batches.append(result)
 
 
 def _load_scalars(url: str, store: Any, data: JobData) -> None:
@@ -98,11 +109,18 @@ def _load_scalars(url: str, store: Any, data: JobData) -> None:
         data.notes.append(f"scalars shown for {MAX_STEP_OBJECTS} evenly spaced steps of {len(trial.steps())}")
     series: dict[str, list[tuple[int, float]]] = {}
     worker = min(trial.workers() or [0])
-    for step in steps:
+
+    def fetch(step: int) -> Any:
         try:
-            header = trial.header(step, worker)
+            return trial.header(step, worker)
         except Exception as exc:
-            data.problems.append(f"step {step}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            return f"step {step}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        headers = list(pool.map(fetch, steps))
+    for step, header in zip(steps, headers, strict=True):
+        if isinstance(header, str):
+            data.problems.append(header)
             continue
         for mode in MODES:
             record = header.modes.get(mode)  # type: ignore[call-overload]

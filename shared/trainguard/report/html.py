@@ -24,7 +24,7 @@ import numpy as np
 from trainguard.format.system import SystemBatch, SystemSample
 from trainguard.report.data import JobData
 from trainguard.report.svg import PALETTE, Series, histogram_plot, line_plot, phase_bar
-from trainguard.rules.profiler import ProfilerReport, RuleResult
+from trainguard.rules.profiler import RuleResult, evaluate_per_worker
 from trainguard.rules.profiler.step_outlier import WARMUP_STEPS
 from trainguard.version import __version__
 
@@ -248,7 +248,8 @@ def _rules_section(results: list[RuleResult], t0: float | None) -> str:
     parts = ['<section id="rules"><h2>Rules summary</h2>']
     parts.append(
         f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues. "
-        "Rules are evaluated on the same data and in the same way as the trainguard service.</p>"
+        "Evaluated like the trainguard service does: each worker's system batches in order, one state "
+        "per worker; a rule found issues if it did for any worker.</p>"
     )
     parts.append(
         "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
@@ -493,11 +494,7 @@ def _scalars_section(scalars: dict[str, list[tuple[int, float]]]) -> str:
 def build_report(job_data: JobData, *, generated_at: float | None = None) -> str:
     """Render the profiler report for a job as one self-contained HTML document."""
     batches = ordered_batches(job_data.batches)
-    rule = ProfilerReport(ProfilerReport.Config())
-    state = rule.initial_state()
-    for b in batches:
-        state, _ = rule.update(state, b)
-    results = rule.results(state)
+    results = evaluate_per_worker(batches)
     tl = timeline(batches)
     t0 = tl.start if tl.start is not None else 0.0
     nodes = node_series(batches, t0)

@@ -1,10 +1,15 @@
-"""What ``trainguard rules`` prints: every registered rule, its kind, summary and parameters."""
+"""What ``trainguard rules`` prints: every registered rule, its kind, summary and parameters.
+
+Custom rules (``trainguard.rules.plugins``, from ``TRAINGUARD_RULE_MODULES``) are listed
+after the built-in model rules, with the module they come from.
+"""
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
 
 from trainguard.rules.base import Rule
+from trainguard.rules.plugins import load_plugins
 from trainguard.rules.registry import RULES
 
 
@@ -18,6 +23,8 @@ class RuleRow(TypedDict):
     #: None for a required parameter
     parameters: dict[str, str | None]
     required: list[str]
+    #: "trainguard" for a built-in rule, else the custom rule's module
+    source: str
 
 
 def sagemaker_string(value: Any) -> str:
@@ -32,11 +39,13 @@ def sagemaker_string(value: Any) -> str:
 
 
 def describe_rules(*, profiler: bool = True) -> list[RuleRow]:
-    """One row per registered rule: the model rules in registry order, then (``profiler``)
-    the profiler rules of ``trainguard.rules.profiler.PROFILER_RULES``."""
+    """One row per registered rule: the model rules in registry order, the custom rules of
+    ``TRAINGUARD_RULE_MODULES``, then (``profiler``) the profiler rules of
+    ``trainguard.rules.profiler.PROFILER_RULES``."""
     from trainguard.rules.profiler import PROFILER_RULES
 
-    registries: list[dict[str, type[Rule[Any, Any]]]] = [RULES]
+    plugins = load_plugins()
+    registries: list[dict[str, type[Rule[Any, Any]]]] = [RULES, plugins.custom]
     if profiler:
         registries.append(dict(PROFILER_RULES))
     rows: list[RuleRow] = []
@@ -57,6 +66,7 @@ def describe_rules(*, profiler: bool = True) -> list[RuleRow]:
                 advice=cls.advice,
                 parameters=params,
                 required=required,
+                source=plugins.origins.get(name, "trainguard"),
             )
         )
     return rows

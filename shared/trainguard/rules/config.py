@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainguard.rules.base import Rule, RuleConfig
-from trainguard.rules.registry import RULES
+from trainguard.rules.plugins import load_plugins, rule_class
 
 MAX_RULES_PER_JOB = 20  # SageMaker's limit
 MAX_PARAMETERS = 100
@@ -104,14 +104,10 @@ def parse_one(entry: Any, index: int = 0) -> ConfiguredRule:
     }
     if extra:
         return ConfiguredRule(name, rule_name, params, actions, error=f"unknown keys {sorted(extra)}")
-    cls = RULES.get(rule_name)
+    cls = rule_class(rule_name)  # a built-in, else a custom rule (trainguard.rules.plugins)
     if cls is None:
         return ConfiguredRule(
-            name,
-            rule_name,
-            params,
-            actions,
-            error=f"unknown rule {rule_name!r}; run 'trainguard rules' for the list",
+            name, rule_name, params, actions, error=load_plugins().unknown_rule_message(rule_name)
         )
     try:
         config: RuleConfig = cls.Config.model_validate(params)
@@ -125,6 +121,14 @@ def parse_one(entry: Any, index: int = 0) -> ConfiguredRule:
         )
     except ValueError as exc:
         return ConfiguredRule(name, rule_name, params, actions, error=f"bad parameter for {rule_name}: {exc}")
+    except Exception as exc:  # a custom rule's own code: an Error for this rule, not the job
+        return ConfiguredRule(
+            name,
+            rule_name,
+            params,
+            actions,
+            error=f"{rule_name} failed to start: {type(exc).__name__}: {exc}",
+        )
     return ConfiguredRule(name, rule_name, params, actions, rule=rule)
 
 

@@ -15,6 +15,7 @@ report has issues to show, and it keeps evaluating every sub-rule until the end.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,3 +201,46 @@ class ProfilerReport(ProfilerRule[ProfilerReportConfig, ProfilerReportState]):
             value=finding.value,
             threshold=finding.threshold,
         )
+
+
+def evaluate_per_worker(
+    batches: Sequence[SystemBatch], config: ProfilerReportConfig | None = None
+) -> list[RuleResult]:
+    """Run ProfilerReport the way the service does: one state per worker, its batches in seq order.
+
+    Then merge: a rule found issues if it did for any worker (the earliest finding is shown,
+    its message prefixed with the worker when there are several); otherwise a worker that
+    could judge is preferred over one whose notes say it could not.
+    """
+    rule = ProfilerReport(config or ProfilerReportConfig())
+    by_worker: dict[int, list[SystemBatch]] = {}
+    for b in sorted(batches, key=lambda b: (b.worker, b.seq)):
+        if not by_worker.get(b.worker) or by_worker[b.worker][-1].seq != b.seq:
+            by_worker.setdefault(b.worker, []).append(b)
+    per_worker: dict[int, list[RuleResult]] = {}
+    for worker, items in sorted(by_worker.items()):
+        state = rule.initial_state()
+        for b in items:
+            state, _ = rule.update(state, b)
+        per_worker[worker] = rule.results(state)
+    if not per_worker:
+        return rule.results(rule.initial_state())
+    merged: list[RuleResult] = []
+    several = len(per_worker) > 1
+    for index, first in enumerate(next(iter(per_worker.values()))):
+        candidates = [(w, results[index]) for w, results in per_worker.items()]
+        fired = [(w, r) for w, r in candidates if r.finding is not None]
+        errors = [(w, r) for w, r in candidates if r.error]
+        if fired:
+            w, r = min(fired, key=lambda c: (c[1].finding.time or 0.0) if c[1].finding else 0.0)
+            finding = r.finding
+            if several and finding is not None and not finding.message.lower().startswith(f"worker {w} "):
+                finding = finding.model_copy(update={"message": f"worker {w}: {finding.message}"})
+            merged.append(RuleResult(r.name, r.summary, r.advice, finding, None, r.notes))
+        elif errors:
+            w, r = errors[0]
+            merged.append(RuleResult(r.name, r.summary, r.advice, None, f"worker {w}: {r.error}", r.notes))
+        else:
+            judged = [r for _, r in candidates if "note" not in r.notes]
+            merged.append(judged[0] if judged else first)
+    return merged
