@@ -25,6 +25,7 @@ from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStat
 from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
 from trainguard.rules.base import Finding, Rule, StepData
+from trainguard.rules.profiler.base import ProfilerRule
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
 
 #: at most this many steps per advance call, so one invocation's work stays bounded
@@ -231,7 +232,7 @@ def _advance_system(
             for record in state.rules:
                 configured = rules.get(record.name)
                 rule = configured.rule if configured is not None else None
-                if record.status not in ("InProgress", "Stopping") or rule is None or rule.kind != "profiler":
+                if record.status not in ("InProgress", "Stopping") or not isinstance(rule, ProfilerRule):
                     continue
                 try:
                     rule_state = rule.load_state(record.worker_states.get(worker))

@@ -1,0 +1,109 @@
+"""The command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+from trainguard.cli import main
+from trainguard.local.synthetic import SyntheticJob
+
+
+def write(tmp_path, job: SyntheticJob):
+    folder = tmp_path / job.job
+    for rel, body in job.objects().items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(body)
+    return folder
+
+
+def test_replay_json_has_one_object_per_rule_with_the_first_issue_step(tmp_path, capsys):
+    folder = write(tmp_path, SyntheticJob("cli-1", steps=list(range(0, 40, 2)), nan_steps=frozenset({14})))
+    assert main(["replay", str(folder), "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [set(o) for o in out] == [
+        {"RuleConfigurationName", "RuleEvaluationStatus", "StatusDetails", "Step"}
+    ] * 5
+    by_name = {o["RuleConfigurationName"]: o for o in out}
+    assert by_name["ExplodingTensor"]["RuleEvaluationStatus"] == "IssuesFound"
+    assert by_name["ExplodingTensor"]["Step"] == 14
+    assert by_name["LossNotDecreasing"] == {
+        "RuleConfigurationName": "LossNotDecreasing",
+        "RuleEvaluationStatus": "NoIssuesFound",
+        "StatusDetails": by_name["LossNotDecreasing"]["StatusDetails"],
+        "Step": None,
+    }
+
+
+def test_replay_with_a_rules_file_in_sagemaker_format(tmp_path, capsys):
+    folder = write(
+        tmp_path,
+        SyntheticJob(
+            "cli-2",
+            steps=[0, 4, 8, 12, 16],
+            loss=lambda s, w: {0: 0.30, 4: 0.33, 8: 0.31, 12: 0.30, 16: 0.28}[s],
+        ),
+    )
+    rules = tmp_path / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "DebugRuleConfigurations": [
+                    {
+                        "RuleConfigurationName": "LossNotDecreasing",
+                        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
+                    },
+                    {"RuleConfigurationName": "Nope", "RuleParameters": {"rule_to_invoke": "NotARule"}},
+                ]
+            }
+        )
+    )
+    assert main(["replay", str(folder), "--rules", str(rules), "--json", "--no-progress"]) == 0
+    out = {o["RuleConfigurationName"]: o for o in json.loads(capsys.readouterr().out)}
+    assert (
+        out["LossNotDecreasing"]["RuleEvaluationStatus"] == "IssuesFound"
+        and out["LossNotDecreasing"]["Step"] == 12
+    )
+    assert (
+        out["Nope"]["RuleEvaluationStatus"] == "Error"
+        and "unknown rule 'NotARule'" in out["Nope"]["StatusDetails"]
+    )
+
+
+def test_replay_of_a_missing_folder_is_a_clear_error(tmp_path, capsys):
+    try:
+        main(["replay", str(tmp_path / "nope"), "--no-progress"])
+    except FileNotFoundError as exc:
+        assert "no such job folder" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected an error")
+
+
+def test_rules_lists_every_rule_with_defaults(capsys):
+    assert main(["rules"]) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "LossNotDecreasing",
+        "VanishingGradient",
+        "ExplodingTensor",
+        "DeadRelu",
+        "Overfit",
+        "CPUBottleneck",
+    ):
+        assert name in out
+    assert "num_steps='10'" in out or "num_steps=10" in out
+
+
+def test_status_reads_the_state_table(aws, capsys):
+    job = SyntheticJob("cli-status", steps=[0, 1, 2], nan_steps=frozenset({1}))
+    service = aws.service()
+    for key in aws.put_job("cli-status", job.objects()):
+        service.handle_object(aws.bucket, key)
+    assert main(["status", "--table", aws.table, "--json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)
+    assert jobs[0]["TrainingJobName"] == "cli-status" and jobs[0]["TrainingJobStatus"] == "Completed"
+    assert {
+        r["RuleConfigurationName"]: r["RuleEvaluationStatus"] for r in jobs[0]["DebugRuleEvaluationStatuses"]
+    }["ExplodingTensor"] == "IssuesFound"
+    assert main(["status", "cli-status", "--table", aws.table]) == 0
+    assert "IssuesFound" in capsys.readouterr().out
+    assert main(["status", "nope", "--table", aws.table]) == 1
