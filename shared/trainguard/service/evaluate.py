@@ -49,15 +49,18 @@ def s3_objects(body: str) -> list[tuple[str, str]]:
         raise PermanentError("message body is not a JSON object")
     if doc.get("Event") == "s3:TestEvent":
         return []
-    records = doc.get("Records")
-    if not isinstance(records, list):
+    if not isinstance(doc.get("Records"), list):
         raise PermanentError("message body has no S3 'Records' list")
+    # Powertools' data class reads the slimmer records moto sends too (its strict parser
+    # model does not); keys arrive URL-encoded.
+    from aws_lambda_powertools.utilities.data_classes import S3Event
+
     out: list[tuple[str, str]] = []
-    for record in records:
+    for record in S3Event(doc).records:
         try:
-            if not str(record.get("eventName", "")).startswith("ObjectCreated"):
+            if not record.event_name.startswith("ObjectCreated"):
                 continue
-            out.append((record["s3"]["bucket"]["name"], unquote_plus(record["s3"]["object"]["key"])))
+            out.append((record.s3.bucket.name, unquote_plus(record.s3.get_object.key)))
         except (KeyError, TypeError, AttributeError):
             raise PermanentError("S3 record without s3.bucket.name / s3.object.key") from None
     return out
