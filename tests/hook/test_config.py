@@ -35,6 +35,11 @@ def test_bad_interval_rejected_with_clear_message(bad):
         SaveConfigMode(save_interval=bad)
 
 
+def test_positional_interval_gets_a_clear_error():
+    with pytest.raises(TypeError, match=r"did you mean SaveConfig\(save_interval=10\)"):
+        SaveConfig(10)
+
+
 def test_defaults_scalars_every_step_tensors_every_10():
     cols = build_collections(None, None, None, None)
     assert set(cols) == set(CollectionKeys.DEFAULT_INCLUDED)

@@ -63,6 +63,22 @@ def test_torch_and_numpy_paths_match_numpy(shape):
         assert t.samples == shape[0]
 
 
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_accelerator_code_path_matches(with_nan):
+    """The path used on a GPU (device-side counts, host copy deferred to the writer), run on the CPU."""
+    a = (RNG.normal(size=(32, 16)) * 2).astype(np.float32)
+    a[0, :3] = 0.0
+    if with_nan:
+        a[1, 1], a[2, 2] = np.nan, np.inf
+    pending = torch_stats(torch.from_numpy(a), FULL, device_path=True)
+    assert not isinstance(pending.main, list)  # still tensors: nothing copied on the hot path
+    t, n = pending.finalize(), numpy_stats(a, FULL)
+    assert (t.nan, t.inf, t.zeros, t.numel) == (n.nan, n.inf, n.zeros, n.numel)
+    if not with_nan:
+        check(t, reference(a))
+        assert t.unit_active == n.unit_active and t.percentiles.keys() == n.percentiles.keys()
+
+
 def test_per_unit_activity_dense_and_conv():
     dense = np.zeros((10, 4), np.float32)
     dense[:3, 0] = 1.0  # unit 0 active in 3 of 10 samples

@@ -536,10 +536,13 @@ def test_report_reads_job_objects_and_writes_only_its_report_folder(
     everything = role_statements(template, stack, "report")
     actions = {a for s in everything for a in as_list(s["Action"])}
     # no state table, bus, topics, SageMaker, deletes; the only write is the report
-    assert not {
-        a for a in actions if a.split(":")[0] in ("dynamodb", "events", "sns", "kms", "sagemaker", "sqs")
-    }
+    assert not {a for a in actions if a.split(":")[0] in ("dynamodb", "events", "sns", "kms", "sagemaker")}
     assert {a for a in actions if a.startswith("s3:")} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject"}
+    # SQS: only failed async invocations into its own DLQ (CDK's default policy)
+    sqs = [s for s in everything if any(a.startswith("sqs:") for a in as_list(s["Action"]))]
+    assert [(s["Action"], s["Resource"]) for s in sqs] == [
+        ("sqs:SendMessage", getatt_arn(stack, stack.dlqs["report-async-dlq"]))
+    ]
     for s in everything:
         if "s3:PutObject" in as_list(s["Action"]):
             assert as_list(s["Resource"]) == [object_arn(stack, f"/{PREFIX}*/{REPORT_DIR}/*")]
@@ -562,7 +565,7 @@ def test_clock_has_table_and_bus_grants_and_a_one_minute_schedule(
             "Sid": "WriteOwnLogs",
         },
         {
-            "Action": list(TABLE_ACTIONS),
+            "Action": sorted(TABLE_ACTIONS),
             "Effect": "Allow",
             # the tick queries the active-jobs index
             "Resource": [table, {"Fn::Join": ["", [table, "/index/active-jobs"]]}],

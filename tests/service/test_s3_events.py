@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from trainguard.engine.service import PermanentError
 from trainguard.service.evaluate import s3_objects
 

@@ -144,6 +144,11 @@ class SaveConfig:
         end_step: int | None = None,
         save_steps: Sequence[int] | None = None,
     ) -> None:
+        if mode_save_configs is not None and not isinstance(mode_save_configs, Mapping):
+            raise TypeError(
+                "SaveConfig's first argument is mode_save_configs (a {mode: SaveConfigMode} dict); "
+                f"got {mode_save_configs!r}: did you mean SaveConfig(save_interval={mode_save_configs!r})?"
+            )
         base = SaveConfigMode(save_interval, start_step, end_step, save_steps)
         self.modes: dict[ModeKeys, SaveConfigMode] = {m: base for m in TRAINING_MODES}
         for mode, conf in (mode_save_configs or {}).items():

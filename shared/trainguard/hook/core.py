@@ -161,8 +161,9 @@ class Hook:
         Extra tensors to save, by name (parameters, gradients ``gradient/<param>``, module
         inputs/outputs ``<module>_input_0``/``<module>_output_0``), into ``default``.
     collections
-        ``Collection`` objects that add to or replace the built-in definitions (e.g. to
-        store full gradients every 10 steps: ``Collection("gradients", SaveConfig(10), save_full=True)``).
+        ``Collection`` objects that add to or replace the built-in definitions, e.g. full
+        gradients every 10 steps:
+        ``Collection("gradients", SaveConfig(save_interval=10), save_full=True)``.
     rules
         SageMaker ``DebugRuleConfigurations`` entries, written to the manifest; None: the
         service's default rules.
@@ -321,8 +322,14 @@ class Hook:
     @_guarded()
     def set_mode(self, mode: ModeKeys | str) -> None:
         """Switch mode (TRAIN, EVAL, PREDICT, GLOBAL). The global step is not advanced."""
-        self._mode = mode if isinstance(mode, ModeKeys) else ModeKeys(str(mode).upper())
-        self._entered = None
+        try:
+            new = mode if isinstance(mode, ModeKeys) else ModeKeys(str(getattr(mode, "value", mode)).upper())
+        except ValueError:
+            self._warn_once(f"mode:{mode}", "ignoring set_mode(%r): not a trainguard mode", mode)
+            return
+        with self._lock:
+            self._mode = new
+            self._entered = None
 
     @_guarded()
     def advance_step(self) -> None:

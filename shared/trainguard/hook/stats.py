@@ -297,8 +297,12 @@ def _tolist(value: Any) -> list[Any]:
     return out if isinstance(out, list) else [out]
 
 
-def torch_stats(tensor: Any, spec: StatSpec = StatSpec()) -> PendingStats:
-    """Reduce a torch tensor on its device (see the module docstring for the passes)."""
+def torch_stats(tensor: Any, spec: StatSpec = StatSpec(), *, device_path: bool | None = None) -> PendingStats:
+    """Reduce a torch tensor on its device (see the module docstring for the passes).
+
+    ``device_path`` forces the accelerator code path (no host copy here) for a CPU tensor;
+    None chooses by the tensor's device. Tests use it to run the GPU path anywhere.
+    """
     import torch
 
     x = tensor.detach()
@@ -310,7 +314,7 @@ def torch_stats(tensor: Any, spec: StatSpec = StatSpec()) -> PendingStats:
         raise TypeError(f"cannot compute statistics of dtype {x.dtype}")
     with torch.no_grad():
         xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        on_cpu = x.device.type == "cpu"
+        on_cpu = x.device.type == "cpu" if device_path is None else not device_path
         mn, mx = torch.aminmax(xf)
         # l1 and the non-zero count from one |x| buffer: abs, sum, sign_ (in place), sum are
         # vectorised elementwise passes, 3-10x faster on the CPU than vector_norm(x, 1) and
