@@ -190,3 +190,50 @@ def test_state_stays_small_after_many_steps():
         state = advance(state, arrivals, NOW, max_steps=None).state
     assert state.watermark == steps[-1]
     assert len(_pack(state.model_dump(mode="json"))) < 8 * 1024
+
+
+def test_profiler_rules_are_configured_by_name_and_judge_system_batches():
+    """A stalled data loader: step durations with outliers → StepOutlier, through replay's path."""
+    from trainguard.engine.evaluator import advance, apply_end, apply_manifest
+    from trainguard.engine.model import SystemArrival
+    from trainguard.format.system import StepEvent, SystemBatch
+
+    rules = [
+        {
+            "RuleConfigurationName": "outliers",
+            "RuleParameters": {"rule_to_invoke": "StepOutlier", "n_outliers": "3"},
+        }
+    ]
+    manifest = d.Manifest(job="prof", created=NOW, hook_version="t", world_size=1, rules=rules)
+    state = apply_manifest(JobState(job="prof"), manifest, NOW).state
+    assert state.rules[0].status == "InProgress"
+    batches, t, step = [], NOW, 0
+    for seq in range(4):
+        events = []
+        for _ in range(60):
+            duration = 0.5 if step % 37 == 36 else 0.01  # the loader stalls every 37th step
+            events.append(StepEvent(mode="TRAIN", step=step, start=t, end=t + duration))
+            t += duration
+            step += 1
+        batches.append(
+            SystemArrival(
+                0,
+                seq,
+                SystemBatch(
+                    job="prof",
+                    worker=0,
+                    world_size=1,
+                    seq=seq,
+                    start_time=events[0].start,
+                    end_time=t,
+                    interval_s=0.5,
+                    steps=events,
+                ),
+            )
+        )
+    marker = d.EndMarker(job="prof", worker=0, world_size=1, last_step=None, wall_time=t, system_batches=4)
+    state = apply_end(state, marker).state
+    out = advance(state, [], NOW, system=list(reversed(batches)))  # any order: seq chains decide
+    record = out.state.rules[0]
+    assert record.status == "IssuesFound", record.details
+    assert out.state.finished and sorted(out.consumed_system) == [(0, s) for s in range(4)]

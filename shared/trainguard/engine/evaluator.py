@@ -15,6 +15,7 @@ nothing touches AWS.
 from __future__ import annotations
 
 import json
+import os
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -419,11 +420,12 @@ def build_job_event(state: JobState, now: float) -> JobStatusDetail:
 
 def _configured(info: JobInfo) -> list[ConfiguredRule]:
     key = json.dumps(info.rules, sort_keys=True) if info.rules is not None else "null"
-    return _configured_cached(key)
+    # the plugin modules in force are part of what a configuration means
+    return _configured_cached(key, os.environ.get("TRAINGUARD_RULE_MODULES", ""))
 
 
 @lru_cache(maxsize=512)
-def _configured_cached(key: str) -> list[ConfiguredRule]:
+def _configured_cached(key: str, rule_modules: str) -> list[ConfiguredRule]:
     # Rules are stateless objects (their state lives in RuleRecord), so sharing is safe.
     entries: Any = json.loads(key)
     return parse_rule_configurations(entries)

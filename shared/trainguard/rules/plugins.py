@@ -142,6 +142,11 @@ def rule_class(name: str) -> RuleClass | None:
     cls = BUILTIN_RULES.get(name)
     if cls is not None:
         return cls
+    from trainguard.rules.profiler import PROFILER_RULES  # judged on system batches
+
+    profiler: RuleClass | None = PROFILER_RULES.get(name)
+    if profiler is not None:
+        return profiler
     return load_plugins().rules.get(name)
 
 
