@@ -15,8 +15,8 @@ nothing touches AWS.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,8 +26,8 @@ from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStat
 from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
 from trainguard.rules.base import Finding, Rule, StepData
-from trainguard.rules.profiler.base import ProfilerRule
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
+from trainguard.rules.profiler.base import ProfilerRule
 
 #: at most this many steps per advance call, so one invocation's work stays bounded
 MAX_STEPS_PER_ADVANCE = 5_000
