@@ -47,7 +47,9 @@ class Aws:
     capture_url: str
 
     def service(self) -> EvaluateService:
-        return EvaluateService(StateStore(self.table, self.ddb), self.s3, Publisher(self.events, self.bus))
+        return EvaluateService(
+            StateStore(self.table, self.ddb), self.s3, Publisher(self.events, self.bus), bucket=self.bucket
+        )
 
     def put_job(self, job: str, objects: dict[str, bytes]) -> list[str]:
         keys = []

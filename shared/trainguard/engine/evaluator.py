@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -145,6 +145,7 @@ def advance(
     now: float,
     max_steps: int | None = MAX_STEPS_PER_ADVANCE,
     system: Iterable[SystemArrival] = (),
+    other_steps: OtherSteps | None = None,
 ) -> Outcome:
     """Evaluate every step that is complete, in order; finish the job when all workers ended.
 
@@ -198,7 +199,7 @@ def advance(
             data = StepData.from_headers(headers)
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
             out.scalars.append((data.step, data.wall_time, scalar_means(data)))
-            _evaluate_step(out, rules, data, now)
+            _evaluate_step(out, rules, data, now, other_steps)
     _advance_system(out, rules, system, now)
     if _all_ended(new):
         _finish(out, rules, now)
@@ -272,7 +273,17 @@ def _all_ended(state: JobState) -> bool:
     )
 
 
-def _evaluate_step(out: Outcome, rules: dict[str, ConfiguredRule], data: StepData, now: float) -> None:
+#: the same step of another job (SimilarAcrossRuns): (job, step) -> its data, or None
+OtherSteps = Callable[[str, int], "StepData | None"]
+
+
+def _evaluate_step(
+    out: Outcome,
+    rules: dict[str, ConfiguredRule],
+    data: StepData,
+    now: float,
+    other_steps: OtherSteps | None = None,
+) -> None:
     for record in out.state.rules:
         if record.status not in ("InProgress", "Stopping"):
             continue
@@ -283,6 +294,12 @@ def _evaluate_step(out: Outcome, rules: dict[str, ConfiguredRule], data: StepDat
         try:
             rule_state = rule.load_state(record.state)
             rule_state, findings = rule.update(rule_state, data)
+            compare = getattr(rule, "compare", None)
+            if compare is not None and other_steps is not None and not findings:
+                # a cross-job rule: the other job's data must be written already (a reference run)
+                other = other_steps(rule.config.other_job, data.step)
+                if other is not None:
+                    rule_state, findings = compare(rule_state, data, other)
             record.state = rule.dump_state(rule_state)
         except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
             _set_status(

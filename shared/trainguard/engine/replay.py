@@ -12,8 +12,10 @@ from trainguard.engine.model import JobState, StepArrival, SystemArrival, Transi
 from trainguard.engine.sources import (
     JobSource,
     ObjectError,
+    OtherJobs,
     read_end,
     read_manifest,
+    sibling_opener,
     step_arrival,
     system_arrival,
 )
@@ -101,5 +103,6 @@ def replay(
         if arrival.bad is not None:
             state = take(record_invalid(state, arrival.bad))
             warnings.append(arrival.bad)
-    state = take(advance(state, arrivals, now, max_steps=None, system=system))
+    other_steps = OtherJobs(sibling_opener(source))
+    state = take(advance(state, arrivals, now, max_steps=None, system=system, other_steps=other_steps))
     return ReplayResult(state, transitions, warnings)

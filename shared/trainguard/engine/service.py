@@ -31,6 +31,8 @@ from trainguard.engine.evaluator import (
 from trainguard.engine.model import JobState, StepArrival, Transition
 from trainguard.engine.sources import (
     ObjectError,
+    OtherJobs,
+    S3Job,
     read_document,
     read_end,
     read_head,
@@ -100,6 +102,7 @@ class EvaluateService:
         ingest_prefix: str = INGEST_PREFIX,
         clock: Callable[[], float] = time.time,
         on_commit: Callable[[str, Outcome, list[Transition]], None] | None = None,
+        bucket: str | None = None,
     ) -> None:
         self.store = store
         self.s3 = s3
@@ -108,6 +111,10 @@ class EvaluateService:
         self.clock = clock
         #: called after each committed evaluation (metrics); never fails the evaluation
         self.on_commit = on_commit
+        #: other jobs in the same bucket, for cross-job rules (SimilarAcrossRuns)
+        self.other_steps = (
+            OtherJobs(lambda job: S3Job(bucket, f"{ingest_prefix}{job}", s3, job=job)) if bucket else None
+        )
         self.s3_requests = 0
 
     # entry points -----------------------------------------------------------------------
@@ -203,7 +210,9 @@ class EvaluateService:
             loaded = self.store.load(ref.job)
             now = self.clock()
             first = mutate(loaded.state)
-            second = advance(first.state, loaded.arrivals, now, system=loaded.system)
+            second = advance(
+                first.state, loaded.arrivals, now, system=loaded.system, other_steps=self.other_steps
+            )
             transitions = first.transitions + second.transitions
             if not (first.changed or second.changed):
                 self._after(loaded, second, {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from trainguard.format.documents import (
 )
 from trainguard.format.layout import ObjectKind, ObjectRef, parse_relative
 from trainguard.format.system import parse_system_batch
+from trainguard.rules.base import StepData
 
 #: a step object larger than this is refused outright (its header would still be bounded,
 #: but no trainguard writer produces one; full tensors belong in their own collections)
@@ -221,3 +222,70 @@ def read_document(s3: Any, bucket: str, key: str) -> bytes:
     if len(body) > MAX_DOCUMENT_BYTES:
         raise ObjectError(f"{key.rsplit('/', 1)[-1]} is larger than {MAX_DOCUMENT_BYTES} bytes")
     return body
+
+
+class OtherJobs:
+    """The same step of another, already written job (SimilarAcrossRuns's ``other_trials``).
+
+    ``opener`` turns a job name (or an s3:// URI / folder) into its JobSource. A job or step
+    that cannot be read is None: that step is simply not compared.
+    """
+
+    def __init__(self, opener: Callable[[str], JobSource]) -> None:
+        self.opener = opener
+        self._sources: dict[str, tuple[JobSource, int] | None] = {}
+
+    def _source(self, job: str) -> tuple[JobSource, int] | None:
+        if job not in self._sources:
+            try:
+                source = self.opener(job)
+                world = 1
+                with contextlib.suppress(Exception):  # no manifest: assume one worker
+                    world = read_manifest(
+                        source.document(ObjectRef(source.job, ObjectKind.MANIFEST))
+                    ).world_size
+                self._sources[job] = (source, world)
+            except Exception:
+                self._sources[job] = None
+        return self._sources[job]
+
+    def __call__(self, job: str, step: int) -> StepData | None:
+        opened = self._source(job)
+        if opened is None:
+            return None
+        source, world = opened
+        headers = []
+        for worker in range(world):
+            ref = ObjectRef(source.job, ObjectKind.STEP, step, worker)
+            try:
+                head, size = source.head(ref)
+            except Exception:  # noqa: S112 - missing (404, or 403 without ListBucket): not compared
+                continue
+            arrival = step_arrival(ref, head, size)
+            if arrival.header is not None:
+                headers.append(arrival.header)
+        return StepData.from_headers(headers) if headers else None
+
+
+def sibling_opener(source: JobSource, s3: Any = None) -> Callable[[str], JobSource]:
+    """Open ``other_trials`` as replay sees it: a URI or path as given, else a sibling job folder."""
+
+    def opener(name: str) -> JobSource:
+        if name.startswith("s3://"):
+            return S3Job.from_uri(name, s3 if s3 is not None else _s3())
+        if "/" in name or name.startswith("."):
+            return LocalJob.open(name)
+        if isinstance(source, LocalJob):
+            return LocalJob.open(source.root.parent / name)
+        if isinstance(source, S3Job):
+            parent = source.prefix.rstrip("/").rsplit("/", 1)[0]
+            return S3Job(source.bucket, f"{parent}/{name}", source.s3, job=name)
+        raise ValueError(f"cannot locate job {name!r}")
+
+    return opener
+
+
+def _s3() -> Any:
+    from trainguard.service.clients import client
+
+    return client("s3")

@@ -33,6 +33,7 @@ def service() -> EvaluateService:
         client("s3"),
         Publisher(client("events"), settings.bus_name),
         ingest_prefix=settings.ingest_prefix,
+        bucket=settings.bucket_name,
         on_commit=lambda job, outcome, transitions: metrics.publish(job, outcome.scalars, transitions),
     )
 
