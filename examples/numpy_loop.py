@@ -9,6 +9,7 @@ Shows the *polling* style of cooperative stop: ``raise_on_stop=False`` and a che
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -64,4 +65,5 @@ def main(out_dir: str, steps: int = 200) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "runs/numpy-demo"))
+    # `trainguard local -- python examples/numpy_loop.py` sets TRAINGUARD_OUT_DIR to its local S3
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINGUARD_OUT_DIR", "runs/numpy-demo")))

@@ -10,6 +10,7 @@ when a rule with the StopTraining action fires, the next forward of the model ra
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -55,4 +56,5 @@ def main(out_dir: str, steps: int = 100) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "runs/torch-demo"))
+    # `trainguard local -- python examples/torch_loop.py` sets TRAINGUARD_OUT_DIR to its local S3
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINGUARD_OUT_DIR", "runs/torch-demo")))

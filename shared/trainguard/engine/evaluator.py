@@ -419,7 +419,7 @@ def build_job_event(state: JobState, now: float) -> JobStatusDetail:
     return JobStatusDetail(
         EventId=f"{state.job}/job/finished",
         TrainingJobName=state.job,
-        TrainingJobStatus="Stopped" if state.stopped or state.stop_requested else "Completed",
+        TrainingJobStatus="Stopped" if state.training_status == "Stopped" else "Completed",
         LastStep=state.watermark,
         StepsEvaluated=state.steps_evaluated,
         LastModifiedTime=now,

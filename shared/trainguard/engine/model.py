@@ -92,7 +92,7 @@ class JobState(BaseModel):
     @property
     def training_status(self) -> str:
         if self.finished:
-            return "Stopped" if self.stopped else "Completed"
+            return "Stopped" if self.stopped or self.stop_requested else "Completed"
         return "InProgress"
 
 
