@@ -223,8 +223,19 @@ def rss_worker(model_kind: str, config: str, tool: str, steps: int) -> None:
         block = Block(model_kind, config, make, tmp)
         block.run(steps)
         block.close()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"peak_mib": peak}))
+    print(json.dumps({"peak_mib": peak_rss_mib()}))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS: VmHWM (ru_maxrss survives exec on Linux, so it would report
+    the parent's peak), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ----------------------------------------------------------------------------- report
@@ -339,7 +350,14 @@ def main() -> None:
             report += ["", f"smdebug run failed: {type(exc).__name__}: {str(exc)[:300]}"]
     else:
         report += ["", "smdebug was not measured in this run (no venv at --smdebug-python)."]
-    report += ["", f"Run took {time.time() - started:.0f} s."]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report += [
+        "",
+        f"Run took {time.time() - started:.0f} s; load average at the end {load:.1f} "
+        f"on {os.cpu_count()} cores "
+        "(other work on the machine inflates the wall ratios; the CPU ratios are the steadier figure). "
+        "What the numbers mean for the defaults: [hook.md](hook.md#collections-and-defaults).",
+    ]
     text = "\n".join(report)
     print(text)
     if not args.no_docs:

@@ -57,4 +57,6 @@ def main(out_dir: str, steps: int = 100) -> int:
 
 if __name__ == "__main__":
     # `trainguard local -- python examples/torch_loop.py` sets TRAINGUARD_OUT_DIR to its local S3
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINGUARD_OUT_DIR", "runs/torch-demo")))
+    sys.exit(
+        main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINGUARD_OUT_DIR", "runs/torch-demo"))
+    )

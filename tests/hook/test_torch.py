@@ -213,3 +213,17 @@ def test_register_loss_needs_a_module(tmp_path, caplog):
         hook.register_loss(lambda a, b: a)
         assert hook.disabled
     assert "register_loss needs a torch.nn.Module" in caplog.text
+
+
+def test_rank_from_torch_distributed(tmp_path, monkeypatch):
+    import torch.distributed as dist
+    from trainguard.hook.env import rank_and_world
+
+    monkeypatch.setenv("RANK", "3")  # torch.distributed, when initialised, wins over the environment
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert rank_and_world() == (0, 1)
+    finally:
+        dist.destroy_process_group()
+    assert rank_and_world() == (3, 8)

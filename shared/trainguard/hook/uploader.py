@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import shutil
 import threading
@@ -36,6 +37,23 @@ from trainguard.hook.storage import Store
 log = logging.getLogger("trainguard.hook")
 
 _STOP = object()
+
+
+def _lower_priority(nice: int) -> None:
+    """Make the calling thread yield the CPU to training when cores are busy.
+
+    On Linux a thread is a task with its own nice value, so this affects only the
+    background thread: it uses idle CPU freely, but when training keeps every core busy
+    the scheduler favours the training threads (the work here is never urgent: the queue
+    absorbs bursts). Elsewhere, or without permission, it is a no-op.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        pass
 
 
 @dataclass
@@ -76,6 +94,7 @@ class Uploader:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         on_error: Callable[[BaseException], None] | None = None,
+        nice: int = 10,
     ) -> None:
         self.store = store
         self._encode = encode
@@ -87,6 +106,8 @@ class Uploader:
         self._backoff_max = backoff_max_s
         self._on_error = on_error
         self.stats = UploadStats()
+        #: niceness of the background threads (Linux: per thread); 0 leaves them alone
+        self.nice = nice
         self._pending: deque[_Pending] = deque()
         self._memory = 0
         self._spill_bytes = 0
@@ -181,6 +202,7 @@ class Uploader:
 
     # ------------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
+        _lower_priority(self.nice)
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -232,6 +254,7 @@ class Uploader:
 
     # ------------------------------------------------------------------ sender thread
     def _send_loop(self) -> None:
+        _lower_priority(self.nice)
         backoff = self._backoff_initial
         while True:
             with self._cond:
