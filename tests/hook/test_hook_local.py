@@ -55,7 +55,8 @@ def test_numpy_loop_round_trip(tmp_path):
     headers = [trial.header(s) for s in trial.steps()]
     assert [h.prev_step for h in headers] == [None, 0, 1, 2, 3, 4]
     assert set(headers[-1].modes) == {"TRAIN", "EVAL"}
-    assert headers[-1].modes["EVAL"].mode_step == 0 and headers[-1].modes["TRAIN"].mode_step == 5
+    # an explicit step= is the mode's step too (a plain loop counts its own steps)
+    assert headers[-1].modes["EVAL"].mode_step == 5 and headers[-1].modes["TRAIN"].mode_step == 5
     end = trial.end_markers()[0]
     assert (end.last_step, end.steps_written, end.dropped_objects, end.stopped) == (5, 6, 0, False)
 
@@ -158,7 +159,8 @@ def test_interval_uses_mode_steps(tmp_path):
     trial = trainguard.create_trial(tmp_path / "m")
     assert trial.steps(mode="TRAIN") == [0, 2]
     assert trial.steps(mode="EVAL") == [4, 5]
-    assert [trial.mode_step(s, "EVAL") for s in (4, 5)] == [0, 1]
+    # explicit step= values are the mode's steps (framework integrations count per mode instead)
+    assert [trial.mode_step(s, "EVAL") for s in (4, 5)] == [4, 5]
 
 
 def test_old_steps_are_ignored_not_overwritten(tmp_path, caplog):

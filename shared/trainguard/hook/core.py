@@ -539,6 +539,7 @@ class Hook:
             if mode is None
             else (mode if isinstance(mode, ModeKeys) else ModeKeys(str(mode).upper()))
         )
+        explicit = step is not None
         if step is not None:
             step = _check_step(step)
             if step != self._step:
@@ -559,7 +560,10 @@ class Hook:
             self._send_manifest()
         if self._mode_global.get(m) != self._step:
             self._mode_global[m] = self._step
-            self._mode_step[m] = self._mode_step.get(m, -1) + 1
+            # An explicit ``step=`` (a plain loop's own counter) is the mode's step too, so rules
+            # and save intervals count the user's steps; framework integrations count steps
+            # per mode, as smdebug does.
+            self._mode_step[m] = self._step if explicit else self._mode_step.get(m, -1) + 1
         mode_step = self._mode_step[m]
         key = (m, mode_step)
         due = self._due_cache.get(key)
