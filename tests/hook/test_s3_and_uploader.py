@@ -219,3 +219,16 @@ def test_stop_signal_polling_style(flaky_local):
             step += 1
             time.sleep(0.01)
         assert hook.should_stop
+
+
+def test_a_missing_stop_signal_under_a_no_list_policy_reads_as_absent():
+    """S3 answers 403, not 404, for a missing key when the role may not list the bucket."""
+    import boto3
+    from botocore.stub import Stubber
+    from trainguard.hook.storage import S3Store
+
+    client = boto3.client("s3", region_name="us-east-1")
+    store = S3Store("s3://bucket/jobs/j", client=client)
+    with Stubber(client) as stub:
+        stub.add_client_error("head_object", service_error_code="403", http_status_code=403)
+        assert store.exists("control/stop.json") is False

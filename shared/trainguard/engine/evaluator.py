@@ -268,7 +268,8 @@ def _all_ended(state: JobState) -> bool:
     return all(
         w in state.ended
         and state.ended[w] == state.frontier.get(w)
-        and state.system_frontier.get(w, -1) == state.system_batches.get(w, 0) - 1
+        # a worker whose end marker counts its system batches is done once all were judged
+        and (w not in state.system_batches or state.system_frontier.get(w, -1) >= state.system_batches[w] - 1)
         for w in range(state.info.world_size)
     )
 

@@ -180,6 +180,14 @@ class Hook:
         How often a background thread looks for ``control/stop.json`` (0 disables).
     flush_timeout_s
         How long ``close()`` waits for the uploader to deliver what is queued.
+    profiler
+        Profile the job: True samples the host every 0.5 s (a float: that interval, 0.1 to
+        60 s) and records step timings; batches are written every ``profiler_flush_s``
+        seconds (``system/worker-<rank>/<seq>.json``), for the profiler rules and the report.
+        Wrap the data loader with ``hook.timed_loader(loader)`` to time data waits.
+    sample_system
+        With several ranks per host, pass False on all but one: the others still send their
+        step timings.
     """
 
     def __init__(
@@ -201,6 +209,9 @@ class Hook:
         store: Store | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        profiler: bool | float = False,
+        sample_system: bool = True,
+        profiler_flush_s: float = 10.0,
     ) -> None:
         self.out_dir = os.fspath(out_dir)
         name = job_name or self.out_dir.rstrip("/").rsplit("/", 1)[-1]
@@ -275,6 +286,23 @@ class Hook:
                 daemon=True,
             )
             self._poller.start()
+        # Profiling: a background system monitor and the step timings (trainguard.profiling)
+        self._monitor: Any = None
+        self._system_batches = 0
+        self._timed_step: tuple[ModeKeys, int] | None = None
+        if profiler:
+            from trainguard.profiling import SystemMonitor
+
+            interval = 0.5 if profiler is True else float(profiler)
+            self._monitor = SystemMonitor(
+                self._emit_system,
+                self.job_name,
+                worker=self.rank,
+                world_size=self.world_size,
+                interval_s=interval,
+                flush_s=profiler_flush_s,
+                sample_system=sample_system,
+            ).start()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public state
@@ -339,6 +367,35 @@ class Hook:
             self._seal()
             self._step += 1
             self._entered = None
+            self._time_step()
+
+    # ------------------------------------------------------------------ profiling
+    def timed_loader(self, iterable: Any) -> Any:
+        """Wrap a DataLoader (any iterable): time spent waiting for the next batch is recorded.
+
+        Without ``profiler=`` it returns ``iterable`` unchanged.
+        """
+        return self._monitor.timed_loader(iterable) if self._monitor is not None else iterable
+
+    def _emit_system(self, key: str, data: bytes) -> None:
+        """The monitor's batches go through the same uploader as the steps (spill, retry)."""
+        self._system_batches += 1
+        self._uploader.submit_encoded(key, data)
+
+    def _time_step(self) -> None:
+        """A step boundary for the profiler's step timings (caller holds the lock)."""
+        monitor = self._monitor
+        if monitor is None:
+            return
+        current = (self._mode, self._step)
+        if self._timed_step == current:
+            return
+        if self._timed_step is None:
+            monitor.mark_initialized()
+        else:
+            monitor.step_ended(self._timed_step[0].value, self._timed_step[1])
+        monitor.step_started(self._mode.value, self._step)
+        self._timed_step = current
 
     @_guarded()
     def set_step(self, step: int) -> None:
@@ -354,6 +411,7 @@ class Hook:
                 self._seal()
             self._step = step
             self._entered = None
+            self._time_step()
 
     # ------------------------------------------------------------------ saving
     @_guarded(default=False)
@@ -546,6 +604,8 @@ class Hook:
                 self._seal()
                 self._step = step
                 self._entered = None
+        if self._monitor is not None:
+            self._time_step()
         if self._entered == (self._step, m):
             return self._due
         if self._sealed_step is not None and self._step <= self._sealed_step:
@@ -637,6 +697,7 @@ class Hook:
             rules=self.rules,
             sagemaker_training_job_name=env.sagemaker_training_job_name(),
             allow_sagemaker_stop=self.sagemaker_stop,
+            system_interval_s=self._monitor.interval_s if self._monitor is not None else None,
         )
 
     # ------------------------------------------------------------------ writer thread
@@ -740,6 +801,11 @@ class Hook:
         try:
             if self._torch is not None:
                 self._torch.remove()
+            if self._monitor is not None:
+                with self._lock:
+                    if self._timed_step is not None:
+                        self._monitor.step_ended(self._timed_step[0].value, self._timed_step[1])
+                self._monitor.close()  # flushes its last batch into the uploader
             if not self._disabled:
                 with self._lock:
                     self._seal()
@@ -761,6 +827,8 @@ class Hook:
             stopped=self.should_stop,
             dropped_objects=stats.dropped,
             steps_written=self._steps_written,
+            # after a drop the count would promise a batch that never comes: say nothing then
+            system_batches=self._system_batches if self._monitor is not None and not stats.dropped else None,
         )
         data = dump_document(marker)
         for attempt in range(3):

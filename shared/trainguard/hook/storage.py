@@ -193,7 +193,9 @@ class S3Store(Store):
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
             return True
         except Exception as exc:
-            if _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            # Without s3:ListBucket (the training-job policy grants none, so that a job
+            # cannot list other jobs' keys), S3 answers 403 for a key that does not exist.
+            if _error_code(exc) in ("404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden"):
                 return False
             raise StoreError(f"HEAD {self.url}/{key} failed: {exc}") from exc
 

@@ -166,6 +166,8 @@ class TorchIntegration:
         else:
             self._seen_forward = True
             hook._check_stop()
+            with hook._lock:
+                hook._time_step()
         with hook._lock:
             due = self._enter()
             if not due:
