@@ -143,7 +143,9 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
         timeline = Timeline(cloud, quiet=quiet)
         outcome: dict[str, Any] = {}
         try:
-            for job, job_fault in ((f"demo-{fault}", fault), ("demo-clean-twin", "none")):
+            jobs = [(f"demo-{fault}", fault, steps), ("demo-slow-loader", "slow-loader", max(steps, 220))]
+            jobs.append(("demo-clean-twin", "none", steps))
+            for job, job_fault, job_steps in jobs:
                 timeline.say(
                     f"━━ job {job}: "
                     + (f"fault {job_fault}" if job_fault != "none" else "no fault (the clean twin)"),
@@ -156,7 +158,7 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
                     "--fault",
                     job_fault,
                     "--steps",
-                    str(steps),
+                    str(job_steps),
                 ]
                 code = _run_training(cmd, _job_env(cloud, job), timeline, "train")
                 if not cloud.wait_idle(60):
@@ -166,9 +168,29 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
             timeline.close()
         print()
         print_status(StateStore(res.table, client("dynamodb")), None)
+        report = _download_report(res.bucket, "demo-slow-loader")
+        if report:
+            print(f"\nprofiler report of demo-slow-loader (written by the report function): {report}")
         if cloud.errors:
             print("\nerrors seen by the local runtime:", *cloud.errors[:10], sep="\n  ")
     return _verdict(outcome, f"demo-{fault}")
+
+
+def _download_report(bucket: str, job: str) -> str | None:
+    from trainguard.service.clients import client
+
+    try:
+        body = (
+            client("s3")
+            .get_object(Bucket=bucket, Key=f"jobs/{job}/report/profiler-report.html")["Body"]
+            .read()
+        )
+    except Exception:
+        return None
+    path = Path("runs") / f"{job}-profiler-report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body)
+    return str(path.resolve())
 
 
 def _verdict(outcome: dict[str, Any], faulty: str) -> int:
@@ -185,6 +207,13 @@ def _verdict(outcome: dict[str, Any], faulty: str) -> int:
             f"{'the job was stopped' if stopped else 'the job was not stopped'}"
         )
         ok = ok and stopped and code == 0
+    code, state = outcome.get("demo-slow-loader", (1, None))
+    outlier = state.rule("StepOutlier") if state is not None else None
+    if outlier is None or outlier.status != "IssuesFound":
+        print("✗ demo-slow-loader: StepOutlier did not catch the stalled data loader")
+        ok = False
+    else:
+        print(f"✓ demo-slow-loader: StepOutlier caught the stalled data loader at step {outlier.step}")
     code, state = outcome.get("demo-clean-twin", (1, None))
     if state is None or not state.finished or any(r.status != "NoIssuesFound" for r in state.rules):
         print("✗ demo-clean-twin: expected every rule NoIssuesFound")

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-FAULTS = ("none", "exploding", "dead-relu", "flat-loss")
+FAULTS = ("none", "exploding", "slow-loader", "dead-relu", "flat-loss")
 
 DEMO_RULES = [
     {
@@ -33,7 +33,23 @@ DEMO_RULES = [
     },
     {"RuleConfigurationName": "VanishingGradient", "RuleParameters": {"rule_to_invoke": "VanishingGradient"}},
     {"RuleConfigurationName": "Overfit", "RuleParameters": {"rule_to_invoke": "Overfit"}},
+    # profiler rules read the system monitor's batches (step timings, CPU, memory...)
+    {
+        "RuleConfigurationName": "StepOutlier",
+        "RuleParameters": {"rule_to_invoke": "StepOutlier"},
+        "Actions": ["Email", "SMS"],
+    },
 ]
+
+
+def batches(x: Any, y: Any, stall_from: int | None) -> Any:
+    """The data loader. With a fault, from ``stall_from`` on it stalls every 7th batch."""
+    step = 0
+    while True:
+        if stall_from is not None and step >= stall_from and step % 7 == 0:
+            time.sleep(0.25)  # a remote dataset hiccups, a cache is evicted...
+        yield x, y
+        step += 1
 
 
 def rings(n: int, seed: int) -> tuple[Any, Any]:  # two noisy concentric rings, as sklearn's make_circles
@@ -80,18 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     x, y = rings(2000, seed=1)
     x_val, y_val = rings(2000, seed=2)
 
-    hook = trainguard.Hook(out_dir, rules=DEMO_RULES, stop_check_interval_s=0.25)
+    hook = trainguard.Hook(
+        out_dir, rules=DEMO_RULES, stop_check_interval_s=0.25, profiler=0.5, profiler_flush_s=2.0
+    )
     hook.register_module(model)
     hook.register_loss(loss_fn)
     print(f"training {hook.job_name}: fault={args.fault}, lr={lr}, writing to {out_dir}", flush=True)
     step = 0
+    loader = hook.timed_loader(batches(x, y, 100 if args.fault == "slow-loader" else None))
     try:
-        for step in range(args.steps):
+        for step, (inputs, labels) in zip(range(args.steps), loader):
             hook.set_mode(modes.TRAIN)
             if args.fault == "exploding" and step == args.fault_step:
                 for group in optimizer.param_groups:
                     group["lr"] = 1e4  # a learning-rate schedule gone wrong
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(inputs), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
