@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import trainguard
 from trainguard import modes
 from trainguard.engine.replay import replay
@@ -28,9 +27,12 @@ def judge(path, rules) -> dict[str, tuple[str, int | None]]:
 def hook_at(tmp_path):
     def make(job: str, collections: list[str]) -> trainguard.Hook:
         return trainguard.Hook(
-            tmp_path / job, save_config=trainguard.SaveConfig(save_interval=1),
-            include_collections=collections, stop_check_interval_s=0,
+            tmp_path / job,
+            save_config=trainguard.SaveConfig(save_interval=1),
+            include_collections=collections,
+            stop_check_interval_s=0,
         )
+
     return make
 
 
@@ -57,7 +59,9 @@ def test_vanishing_gradient_fires_when_mean_abs_drops_below_threshold(hook_at, t
     with hook_at("van", ["gradients"]) as hook:
         for step in range(6):
             scale = 1e-2 if step < 3 else 1e-9
-            hook.save_tensor("gradient/fc.weight", np.full((4, 4), scale, np.float32), collections=["gradients"], step=step)
+            hook.save_tensor(
+                "gradient/fc.weight", np.full((4, 4), scale, np.float32), collections=["gradients"], step=step
+            )
     assert judge(tmp_path / "van", [rule("VanishingGradient")]) == {"VanishingGradient": ("IssuesFound", 3)}
 
 
@@ -88,10 +92,24 @@ def test_a_clean_numpy_job_ends_with_every_default_rule_clean(hook_at, tmp_path)
     with hook_at("clean", ["losses", "gradients", "relu_output"]) as hook:
         for step in range(30):
             hook.save_scalar("loss", 2.0 * np.exp(-step / 10) + 0.1, step=step, collections=["losses"])
-            hook.save_tensor("gradient/fc.weight", rng.normal(0, 0.01, (8, 8)).astype(np.float32),
-                             collections=["gradients"], step=step)
-            hook.save_tensor("fc/relu_output", np.maximum(rng.normal(size=(64, 16)), 0).astype(np.float32),
-                             collections=["relu_output"], step=step)
+            hook.save_tensor(
+                "gradient/fc.weight",
+                rng.normal(0, 0.01, (8, 8)).astype(np.float32),
+                collections=["gradients"],
+                step=step,
+            )
+            hook.save_tensor(
+                "fc/relu_output",
+                np.maximum(rng.normal(size=(64, 16)), 0).astype(np.float32),
+                collections=["relu_output"],
+                step=step,
+            )
     verdicts = judge(tmp_path / "clean", None)
-    assert set(verdicts) == {"LossNotDecreasing", "VanishingGradient", "ExplodingTensor", "DeadRelu", "Overfit"}
+    assert set(verdicts) == {
+        "LossNotDecreasing",
+        "VanishingGradient",
+        "ExplodingTensor",
+        "DeadRelu",
+        "Overfit",
+    }
     assert all(v == ("NoIssuesFound", None) for v in verdicts.values()), verdicts

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     loader = hook.timed_loader(batches(x, y, 100 if args.fault == "slow-loader" else None))
     try:
-        for step, (inputs, labels) in zip(range(args.steps), loader):
+        for step, (inputs, labels) in zip(range(args.steps), loader, strict=False):  # the loader is endless
             hook.set_mode(modes.TRAIN)
             if args.fault == "exploding" and step == args.fault_step:
                 for group in optimizer.param_groups:
