@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: setup demo test lint synth bench clean
+.PHONY: setup demo test lint synth bench bench-accuracy clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,9 +31,14 @@ lint: setup
 synth: setup
 	$(BIN)/python infra/app.py
 
+# Each writes its own section of docs/benchmarks.md; accuracy regenerates docs/accuracy.md.
 bench: setup
 	$(BIN)/python bench/hook_overhead.py
+	$(BIN)/python bench/monitor_overhead.py
 	$(BIN)/python bench/pipeline.py
+
+bench-accuracy: setup
+	$(BIN)/python -m bench.accuracy
 
 clean:
 	rm -rf $(VENV) cdk.out layers/build .pytest_cache .mypy_cache .ruff_cache
