@@ -653,13 +653,14 @@ class TrainguardStack(Stack):
         stop = self.bucket.arn_for_objects(f"{prefix}*/{STOP_SIGNAL}")
         stop_tagged = self.bucket.arn_for_objects(f"{prefix}{tag}*/{STOP_SIGNAL}")
         control = self.bucket.arn_for_objects(f"{prefix}*/{STOP_SIGNAL.split('/')[0]}/*")
+        report = self.bucket.arn_for_objects(f"{prefix}*/{REPORT.split('/')[0]}/*")
         policy = iam.ManagedPolicy(
             self,
             "TrainingJobPolicy",
             description=(
                 "trainguard: attach to a training job's role. Write job objects under "
                 f"{prefix}<job>/ (only <trainguard-job-prefix tag>* when the role has that tag), "
-                "read the job's stop signal; never write control/."
+                "read the job's stop signal; never write control/ or report/."
             ),
             statements=[
                 iam.PolicyStatement(
@@ -677,10 +678,10 @@ class TrainguardStack(Stack):
                     sid="ReadStopSignalUnderTaggedPrefix", actions=["s3:GetObject"], resources=[stop_tagged]
                 ),
                 iam.PolicyStatement(
-                    sid="NeverWriteControl",
+                    sid="NeverWriteControlOrReport",
                     effect=iam.Effect.DENY,
                     actions=["s3:PutObject"],
-                    resources=[control],
+                    resources=[control, report],
                 ),
             ],
         )
@@ -690,7 +691,7 @@ class TrainguardStack(Stack):
             [objects, objects_tagged, stop, stop_tagged],
             "Training jobs are named at run time: the policy is scoped to the ingest prefix of the one "
             "data bucket (or to the role's trainguard-job-prefix tag), PutObject/GetObject only, with an "
-            "explicit Deny on control/ so a job cannot forge a stop signal.",
+            "explicit Deny on control/ and report/ so a job cannot forge a stop signal or a report.",
         )
         return policy
 

@@ -664,11 +664,14 @@ def test_training_job_policy_grants_only_its_prefix_and_stop_signal(
             "Resource": object_arn(stack, f"/{PREFIX}{tag}*/{STOP_SIGNAL}"),
             "Sid": "ReadStopSignalUnderTaggedPrefix",
         },
-        "NeverWriteControl": {
+        "NeverWriteControlOrReport": {
             "Action": "s3:PutObject",
             "Effect": "Deny",
-            "Resource": object_arn(stack, f"/{PREFIX}*/{control}/*"),
-            "Sid": "NeverWriteControl",
+            "Resource": [
+                object_arn(stack, f"/{PREFIX}*/{control}/*"),
+                object_arn(stack, f"/{PREFIX}*/report/*"),
+            ],
+            "Sid": "NeverWriteControlOrReport",
         },
     }
     # not attached to anything here: the training job's role attaches it
