@@ -143,7 +143,7 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
         timeline = Timeline(cloud, quiet=quiet)
         outcome: dict[str, Any] = {}
         try:
-            jobs = [(f"demo-{fault}", fault, steps), ("demo-slow-loader", "slow-loader", max(steps, 220))]
+            jobs = [(f"demo-{fault}", fault, steps), ("demo-slow-loader", "slow-loader", 200)]
             jobs.append(("demo-clean-twin", "none", steps))
             for job, job_fault, job_steps in jobs:
                 timeline.say(

@@ -24,7 +24,7 @@ DEMO_RULES = [
     {
         "RuleConfigurationName": "LossNotDecreasing",
         "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
-        "Actions": ["Email", "SMS", "StopTraining"],
+        "Actions": ["Email", "SMS"],
     },
     {
         "RuleConfigurationName": "DeadRelu",
@@ -43,11 +43,14 @@ DEMO_RULES = [
 
 
 def batches(x: Any, y: Any, stall_from: int | None) -> Any:
-    """The data loader. With a fault, from ``stall_from`` on it stalls every 7th batch."""
+    """The data loader. With a fault, from ``stall_from`` on it stalls every 7th batch.
+
+    (7, not 10: the evaluation every 10th step would take some of the stalls.)
+    """
     step = 0
     while True:
         if stall_from is not None and step >= stall_from and step % 7 == 0:
-            time.sleep(0.25)  # a remote dataset hiccups, a cache is evicted...
+            time.sleep(0.6)  # a remote dataset hiccups, a cache is evicted...
         yield x, y
         step += 1
 

@@ -372,36 +372,51 @@ class LocalCloud:
             callback(fid, event, result, time.perf_counter() - started)
         return result
 
-    def _poll_sqs_trigger(self, fid: str, url: str, handler: Callable[[dict[str, Any], Any], Any]) -> None:
-        sqs = clients.client("sqs")
-        arn = self._queue_arn(url)
+    def _poll(self, name: str, url: str, deliver: Callable[[list[dict[str, Any]]], None]) -> None:
+        """Receive from ``url`` until stopped and hand each batch to ``deliver``."""
         while not self._stop.is_set():
             try:
                 messages = self._receive(url)
-                if not messages:
+                if messages:
+                    deliver(messages)
+                else:
                     time.sleep(POLL_INTERVAL_S)
-                    continue
-                event = {"Records": [_sqs_record(m, arn) for m in messages]}
-                try:
-                    result = self._invoke(fid, handler, event)
-                    failed = {f["itemIdentifier"] for f in (result or {}).get("batchItemFailures", [])}
-                except Exception as exc:  # the whole invocation failed: every record is retried
-                    self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
-                    logger.exception("local %s invocation failed", fid)
-                    failed = {m["MessageId"] for m in messages}
-                for message in messages:
-                    if message["MessageId"] in failed:
-                        sqs.change_message_visibility(
-                            QueueUrl=url,
-                            ReceiptHandle=message["ReceiptHandle"],
-                            VisibilityTimeout=LOCAL_RETRY_DELAY_S,
-                        )
-                    else:
-                        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
             except Exception as exc:  # keep the loop alive; report what happened
                 if not self._stop.is_set():
-                    self.errors.append(f"poller {fid}: {exc}")
+                    self.errors.append(f"poller {name}: {exc}")
                     time.sleep(0.2)
+
+    def _failed(self, fid: str, exc: Exception) -> None:
+        self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
+        logger.exception("local %s invocation failed", fid)
+
+    def _retry_later(self, url: str, message: dict[str, Any]) -> None:
+        clients.client("sqs").change_message_visibility(
+            QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=LOCAL_RETRY_DELAY_S
+        )
+
+    def _delete(self, url: str, message: dict[str, Any]) -> None:
+        clients.client("sqs").delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+    def _poll_sqs_trigger(self, fid: str, url: str, handler: Callable[[dict[str, Any], Any], Any]) -> None:
+        """An SQS event source mapping: batches, partial batch failure, redelivery after a failure."""
+        arn = self._queue_arn(url)
+
+        def deliver(messages: list[dict[str, Any]]) -> None:
+            event = {"Records": [_sqs_record(m, arn) for m in messages]}
+            try:
+                result = self._invoke(fid, handler, event)
+                failed = {f["itemIdentifier"] for f in (result or {}).get("batchItemFailures", [])}
+            except Exception as exc:  # the whole invocation failed: every record is retried
+                self._failed(fid, exc)
+                failed = {m["MessageId"] for m in messages}
+            for message in messages:
+                if message["MessageId"] in failed:
+                    self._retry_later(url, message)
+                else:
+                    self._delete(url, message)
+
+        self._poll(fid, url, deliver)
 
     def _schedule(self, fid: str, period_s: float, handler: Callable[[dict[str, Any], Any], Any]) -> None:
         """EventBridge Scheduler's rate rule: the same event shape, every ``period_s``."""
@@ -420,52 +435,34 @@ class LocalCloud:
             try:
                 self._invoke(fid, handler, event)
             except Exception as exc:
-                self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
-                logger.exception("local %s invocation failed", fid)
+                self._failed(fid, exc)
 
     def _poll_bus_target(self, fid: str, url: str, handler: Callable[[dict[str, Any], Any], Any]) -> None:
-        sqs = clients.client("sqs")
-        while not self._stop.is_set():
-            try:
-                messages = self._receive(url)
-                if not messages:
-                    time.sleep(POLL_INTERVAL_S)
-                    continue
-                for message in messages:
-                    try:
-                        self._invoke(fid, handler, json.loads(message["Body"]))
-                        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-                    except Exception as exc:  # EventBridge retries async targets; so do we
-                        self.errors.append(f"{fid}: {type(exc).__name__}: {exc}")
-                        logger.exception("local %s invocation failed", fid)
-                        sqs.change_message_visibility(
-                            QueueUrl=url,
-                            ReceiptHandle=message["ReceiptHandle"],
-                            VisibilityTimeout=LOCAL_RETRY_DELAY_S,
-                        )
-            except Exception as exc:
-                if not self._stop.is_set():
-                    self.errors.append(f"poller {fid}: {exc}")
-                    time.sleep(0.2)
+        """An EventBridge → Lambda target: one event per invocation, retried on failure."""
+
+        def deliver(messages: list[dict[str, Any]]) -> None:
+            for message in messages:
+                try:
+                    self._invoke(fid, handler, json.loads(message["Body"]))
+                    self._delete(url, message)
+                except Exception as exc:  # EventBridge retries async targets; so do we
+                    self._failed(fid, exc)
+                    self._retry_later(url, message)
+
+        self._poll(fid, url, deliver)
 
     def _poll_observer(self, url: str) -> None:
-        sqs = clients.client("sqs")
-        while not self._stop.is_set():
-            try:
-                messages = self._receive(url)
-                if not messages:
-                    time.sleep(POLL_INTERVAL_S)
-                    continue
-                for message in messages:
-                    event = json.loads(message["Body"])
-                    self.events.append(event)
-                    for callback in self.on_event:
-                        callback(event)
-                    sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-            except Exception as exc:
-                if not self._stop.is_set():
-                    self.errors.append(f"observer: {exc}")
-                    time.sleep(0.2)
+        """The local timeline: every trainguard event on the bus, in arrival order."""
+
+        def deliver(messages: list[dict[str, Any]]) -> None:
+            for message in messages:
+                event = json.loads(message["Body"])
+                self.events.append(event)
+                for callback in self.on_event:
+                    callback(event)
+                self._delete(url, message)
+
+        self._poll("observer", url, deliver)
 
     # inspection -------------------------------------------------------------------------
     def sent_notifications(self) -> list[dict[str, Any]]:
