@@ -46,9 +46,15 @@ from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, Obj
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
+#: read-modify-write rounds per update (each commits progress); past it, SQS redelivers
+MAX_ROUNDS = 64
 #: an outbox entry older than this was left by an invocation that died before publishing;
 #: younger ones are being published by the invocation that wrote them
 OUTBOX_ORPHAN_AFTER_S = 30.0
+
+
+def _unchanged(state: JobState) -> Outcome:
+    return Outcome(state)
 
 
 class PermanentError(Exception):
@@ -204,9 +210,16 @@ class EvaluateService:
             raise PermanentError(reason)
 
     def _update(self, ref: ObjectRef, mutate: Callable[[JobState], Outcome]) -> Result:
-        """Read-modify-write of the job with retries; then clean up and publish."""
+        """Read-modify-write of the job until nothing is left to do; then clean up and publish.
+
+        After a commit the job is read once more: an arrival put while we evaluated may have
+        been read by its own invocation *before* our commit (so it saw, say, no manifest yet
+        and did nothing). Its put happened before our commit, so our next read sees it —
+        no wake-up is lost, whatever the interleaving.
+        """
         result = Result(ref.job, ref.kind.value)
-        for attempt in range(MAX_ATTEMPTS):
+        conflicts = 0
+        for _ in range(MAX_ROUNDS):
             loaded = self.store.load(ref.job)
             now = self.clock()
             first = mutate(loaded.state)
@@ -226,18 +239,21 @@ class EvaluateService:
             try:
                 self.store.commit(second.state, loaded.version, events, now)
             except VersionConflict:
-                time.sleep(random.uniform(0, 0.02 * (attempt + 1)))
+                conflicts += 1
+                if conflicts >= MAX_ATTEMPTS:
+                    break
+                time.sleep(random.uniform(0, 0.02 * conflicts))
                 continue
             if self.on_commit is not None:
                 try:
                     self.on_commit(ref.job, second, transitions)
                 except Exception:  # metrics are best effort: the verdicts are already committed
                     logger.exception("on_commit hook failed for job %s", ref.job)
-            result.transitions = len(transitions)
-            result.steps_evaluated = second.state.steps_evaluated - loaded.state.steps_evaluated
+            result.transitions += len(transitions)
+            result.steps_evaluated += second.state.steps_evaluated - loaded.state.steps_evaluated
             self._after(loaded, second, events)
-            return result
-        raise VersionConflict(f"job {ref.job}: {MAX_ATTEMPTS} conflicting writers; SQS will redeliver")
+            mutate = _unchanged  # the change is applied; now only look for more work
+        raise VersionConflict(f"job {ref.job}: conflicting writers or too much work; SQS will redeliver")
 
     def _after(self, loaded: Loaded, outcome: Outcome, new_events: dict[str, str]) -> None:
         job = loaded.state.job
