@@ -628,8 +628,8 @@ def render(
         f"Of the local time per object (one per invocation), the pure path of part 1 is "
         f"{pure[0]['p50'] / by[1, 1]['per_obj_p50']:.0%} (small model) and "
         f"{pure[-1]['p50'] / by[50, 1]['per_obj_p50']:.0%} (large): the rest is the sequential round "
-        "trips (1 S3 GET, then 4 DynamoDB requests: put the arrival, query the job, put the state, "
-        "delete the arrival)."
+        "trips (1 S3 GET, then 5 DynamoDB requests: put the arrival, query the job, put the state, "
+        "query again for arrivals that came meanwhile, delete the arrival)."
     )
     add("")
 
@@ -665,7 +665,7 @@ def render(
     # 5 InProgress on the manifest, one final status per rule, one job-finished event
     events_per_job = 11
     # Billed duration per object: the local measured handler time (moto round trips on localhost) is
-    # taken as the figure; real AWS round trips are of the same order (a few ms each, ~4 per object).
+    # taken as the figure; real AWS round trips are of the same order (a few ms each, ~6 per object).
     dur_single = max(single["per_obj_p50"], lat["invocations"].get("steps", (0.0,))[0])
     dur_batched = batched["per_obj_p50"]
     per_job_objects = 18_000
@@ -707,7 +707,7 @@ def render(
         "per-object time of part 3 and the median one-step evaluate invocation of part 2, used as an "
         "upper bound for a warm 1 GB function as the brief asks. It is an estimate, not a proven bound: "
         "1 GB gets ~0.6 vCPU, so the CPU part could run slower on Lambda, while AWS round trips "
-        "(~4 per object, a few ms each) replace moto's in-process HTTP handling. Lambda GB-s is "
+        "(~6 per object, a few ms each) replace moto's in-process HTTP handling. Lambda GB-s is "
         f"{c1['Lambda GB-s'] / t1:.0%} of the one-per-invocation total: doubling the duration adds "
         f"${c1['Lambda GB-s'] * 1e6:.2f} per million objects. SQS counts one SendMessage (S3→SQS) per "
         "object and one ReceiveMessage and one DeleteMessageBatch per invocation, not the event source "
