@@ -384,6 +384,19 @@ def _set_status(
     out.transitions.append(Transition(out.state.job, record.model_copy(deep=True), before))
 
 
+def _status_entries(state: JobState) -> list[RuleStatusEntry]:
+    """Every rule of the job, as SageMaker's DebugRuleEvaluationStatuses lists them."""
+    return [
+        RuleStatusEntry(
+            RuleConfigurationName=r.name,
+            RuleEvaluationStatus=r.status,
+            StatusDetails=r.details,
+            LastModifiedTime=r.modified,
+        )
+        for r in state.rules
+    ]
+
+
 def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
     record = transition.record
     info = state.info
@@ -404,15 +417,7 @@ def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
         SageMakerTrainingJobName=info.sagemaker_training_job_name if info else None,
         AllowSageMakerStop=info.allow_sagemaker_stop if info else False,
         TrainingJobStatus=state.training_status,  # type: ignore[arg-type]
-        DebugRuleEvaluationStatuses=[
-            RuleStatusEntry(
-                RuleConfigurationName=r.name,
-                RuleEvaluationStatus=r.status,
-                StatusDetails=r.details,
-                LastModifiedTime=r.modified,
-            )
-            for r in state.rules
-        ],
+        DebugRuleEvaluationStatuses=_status_entries(state),
     )
 
 
@@ -424,15 +429,7 @@ def build_job_event(state: JobState, now: float) -> JobStatusDetail:
         LastStep=state.watermark,
         StepsEvaluated=state.steps_evaluated,
         LastModifiedTime=now,
-        DebugRuleEvaluationStatuses=[
-            RuleStatusEntry(
-                RuleConfigurationName=r.name,
-                RuleEvaluationStatus=r.status,
-                StatusDetails=r.details,
-                LastModifiedTime=r.modified,
-            )
-            for r in state.rules
-        ],
+        DebugRuleEvaluationStatuses=_status_entries(state),
     )
 
 
