@@ -27,6 +27,7 @@ MAX_WORKERS = 100_000
 MANIFEST = "manifest.json"
 STOP_SIGNAL = "control/stop.json"
 REPORT = "report/profiler-report.html"
+XGBOOST_REPORT = "report/xgboost-report.html"
 
 
 class ObjectKind(str, Enum):
@@ -84,7 +85,7 @@ _PATTERNS: list[tuple[re.Pattern[str], ObjectKind]] = [
     (re.compile(r"^system/worker-(?P<worker>\d{5})/(?P<seq>\d{12})\.json$"), ObjectKind.SYSTEM),
     (re.compile(r"^end/worker-(?P<worker>\d{5})\.json$"), ObjectKind.END),
     (re.compile(r"^control/stop\.json$"), ObjectKind.STOP),
-    (re.compile(r"^report/profiler-report\.html$"), ObjectKind.REPORT),
+    (re.compile(r"^report/(?:profiler|xgboost)-report\.html$"), ObjectKind.REPORT),
 ]
 
 

@@ -316,3 +316,56 @@ def phase_bar(phases: Sequence[tuple[str, float, str]], *, width: int = 900, hei
     )
     body.append(f'<text x="0" y="48" font-size="11">{escape(legend)}</text>')
     return _frame(width, height, "phases", body)
+
+
+def bar_plot(
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    title: str = "",
+    width: int = 900,
+    value_label: str = "",
+    color: str = "#1f77b4",
+) -> str:
+    """Horizontal bars, one per label, top to bottom in the given order (e.g. feature importances)."""
+    left, right, top, bottom = 180, 56, 28, 36
+    row = 18
+    height = top + bottom + row * max(1, len(labels))
+    plot_w = width - left - right
+    body: list[str] = []
+    if title:
+        body.append(f'<text x="8" y="18" font-size="13" font-weight="600">{escape(title)}</text>')
+    finite = [float(v) for v in values if math.isfinite(v)]
+    if not labels or not finite:
+        body.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13" fill="#666">'
+            "no data</text>"
+        )
+        return _frame(width, height, title, body)
+    ticks = nice_ticks(0.0, max(max(finite), 0.0) or 1.0, 5)
+    hi = max(ticks[-1], max(finite)) or 1.0
+    for t in ticks:
+        x = left + max(t, 0.0) / hi * plot_w
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#e5e5e5"/>')
+        body.append(
+            f'<text x="{x:.1f}" y="{height - bottom + 14}" font-size="11" text-anchor="middle">'
+            f"{fmt_tick(t)}</text>"
+        )
+    for i, (label, value) in enumerate(zip(labels, values, strict=False)):
+        y = top + i * row
+        v = float(value) if math.isfinite(value) else 0.0
+        w = max(0.0, v) / hi * plot_w
+        name = escape(label if len(label) <= 28 else label[:27] + "…")
+        body.append(f'<text x="{left - 6}" y="{y + row - 5}" font-size="11" text-anchor="end">{name}</text>')
+        body.append(
+            f'<rect x="{left}" y="{y + 2}" width="{w:.1f}" height="{row - 4}" fill="{color}">'
+            f"<title>{escape(label)}: {v:.4g}</title></rect>"
+        )
+        body.append(f'<text x="{left + w + 4:.1f}" y="{y + row - 5}" font-size="11">{v:.3g}</text>')
+    body.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#333"/>')
+    if value_label:
+        body.append(
+            f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="11" text-anchor="middle">'
+            f"{escape(value_label)}</text>"
+        )
+    return _frame(width, height, title, body)
