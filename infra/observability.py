@@ -24,7 +24,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
 from trainguard.engine.events import Status
-from trainguard.rules.registry import RULES
+from trainguard.rules.registry import CHECKING_RULES
 
 if TYPE_CHECKING:  # infra.stack imports this module
     from infra.stack import TrainguardStack
@@ -95,7 +95,7 @@ def build_rule_alarms(stack: TrainguardStack, topic: sns.ITopic, namespace: str)
     """
     action = cw_actions.SnsAction(topic)
     alarms: dict[str, cw.Alarm] = {}
-    for rule in RULES:
+    for rule in CHECKING_RULES:
         alarm = cw.Alarm(
             stack,
             f"Rule{rule}IssuesFoundAlarm",

@@ -25,7 +25,7 @@ from aws_cdk import Stack  # noqa: E402
 from aws_cdk.assertions import Template  # noqa: E402
 from trainguard.engine.events import Status  # noqa: E402
 from trainguard.engine.model import RuleRecord, Transition  # noqa: E402
-from trainguard.rules.registry import RULES  # noqa: E402
+from trainguard.rules.registry import CHECKING_RULES  # noqa: E402
 from trainguard.wiring import WIRING  # noqa: E402
 
 from infra.app import build_app  # noqa: E402
@@ -166,10 +166,10 @@ def test_an_issues_found_alarm_per_builtin_rule_to_the_rule_alarm_topic(
     topic = {"Ref": lid(stack, stack.rule_alarm_topic)}
     alarms = [a["Properties"] for a in resources(template, "AWS::CloudWatch::Alarm").values()]
     rule_alarms = [a for a in alarms if a["AlarmActions"] == [topic]]
-    assert len(rule_alarms) == len(RULES) + 1 == len(stack.rule_alarms)
+    assert len(rule_alarms) == len(CHECKING_RULES) + 1 == len(stack.rule_alarms)
     assert 20 <= len(rule_alarms) <= 30  # $0.10 per alarm-month each: see docs/deploy.md
     by_rule = {a["Dimensions"][0]["Value"]: a for a in rule_alarms if "Dimensions" in a}
-    assert set(by_rule) == set(RULES)
+    assert set(by_rule) == set(CHECKING_RULES)
     for name, a in by_rule.items():
         assert a == {
             "AlarmActions": [topic],
@@ -297,5 +297,5 @@ def test_dashboard_fits_the_grid(dashboard: dict[str, Any]) -> None:
 
 def test_deploy_doc_states_the_alarm_count_and_cost() -> None:
     doc = (REPO / "docs" / "deploy.md").read_text()
-    assert f"{len(RULES) + 1} rule alarms" in doc
+    assert f"{len(CHECKING_RULES) + 1} rule alarms" in doc
     assert "$0.10" in doc

@@ -17,6 +17,7 @@ from trainguard.rules.base import Rule
 from trainguard.rules.check_input_images import CheckInputImages
 from trainguard.rules.class_imbalance import ClassImbalance
 from trainguard.rules.confusion import Confusion
+from trainguard.rules.create_xgboost_report import CreateXgboostReport
 from trainguard.rules.data_not_normalized import DataNotNormalized
 from trainguard.rules.dead_relu import DeadRelu
 from trainguard.rules.exploding_tensor import ExplodingTensor
@@ -58,6 +59,7 @@ _ALL: tuple[type[Rule[Any, Any]], ...] = (
     NLPSequenceRatio,
     FeatureImportanceOverweight,
     TreeDepth,
+    CreateXgboostReport,
     SimilarAcrossRuns,
     StalledTrainingRule,
     # trainguard additions
@@ -67,3 +69,6 @@ _ALL: tuple[type[Rule[Any, Any]], ...] = (
 )
 
 RULES: dict[str, type[Rule[Any, Any]]] = {cls.name: cls for cls in _ALL}
+
+#: rules that can find issues (the stack alarms on each); "report" rules never fire
+CHECKING_RULES: tuple[str, ...] = tuple(name for name, cls in RULES.items() if cls.kind != "report")

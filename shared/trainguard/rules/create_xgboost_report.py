@@ -1,0 +1,37 @@
+"""CreateXgboostReport (XGBoost): SageMaker's report "rule" — a report, not a check.
+
+Accepted in a job's DebugRuleConfigurations so SageMaker configs keep working: it never
+fires and ends NoIssuesFound. The report itself (metrics over rounds, feature importance,
+tree depth, confusion matrix or residuals) is written to ``report/xgboost-report.html``
+by ``trainguard report`` and by the stack's report function when the job ends.
+"""
+
+from __future__ import annotations
+
+from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData
+
+
+class CreateXgboostReportConfig(RuleConfig):
+    pass
+
+
+class CreateXgboostReportState(RuleState):
+    steps_seen: int = 0
+
+
+class CreateXgboostReport(Rule[CreateXgboostReportConfig, CreateXgboostReportState]):
+    """Never fires; counts the steps it saw. The XGBoost report is produced at job end."""
+
+    name = "CreateXgboostReport"
+    Config = CreateXgboostReportConfig
+    State = CreateXgboostReportState
+    summary = "Writes the XGBoost training report when the job ends (never fires)."
+    #: a report, not a check: no IssuesFound alarm is created for it
+    kind = "report"
+    advice = "Open report/xgboost-report.html next to the job's data."
+
+    def update(
+        self, state: CreateXgboostReportState, step: StepData
+    ) -> tuple[CreateXgboostReportState, list[Finding]]:
+        state.steps_seen += 1
+        return state, []
