@@ -56,7 +56,7 @@ def test_every_rule_is_well_formed() -> None:
         assert issubclass(cls.Config, RuleConfig) and cls.Config is not RuleConfig
         assert issubclass(cls.State, RuleState)
         assert cls.summary and cls.advice and cls.__doc__, f"{name}: summary, advice and docstring"
-        assert cls.kind in ("model", "profiler", "clock", "cross-job")
+        assert cls.kind in ("model", "profiler", "clock", "cross-job", "report")
         # defaults alone make a valid configuration (except declared required parameters)
         required = [f for f, info in cls.Config.model_fields.items() if info.is_required()]
         if not required and name not in NEED_PARAMETERS:

@@ -5,7 +5,8 @@ module is not registered, has no golden test, or is missing from ``trainguard ru
 
 Kinds (``Rule.kind``): "model" rules are driven by ``update`` per step; "clock" rules
 (StalledTrainingRule) also need ``check(state, now)`` from a timer; "cross-job" rules
-(SimilarAcrossRuns) need ``compare(state, step, other_step)`` with another job's step.
+(SimilarAcrossRuns) need ``compare(state, step, other_step)`` with another job's step;
+"report" rules (CreateXgboostReport) never fire.
 """
 
 from __future__ import annotations
