@@ -59,7 +59,7 @@ def main(out_dir: str | None = None, rounds: int = 50) -> int:
                 TrainguardCallback(hook, dtrain=dtrain, evals=evals, importance_types=("weight", "gain"))
             ],
         )
-    rmse = booster.eval(dval).split(":")[-1]
+    rmse = booster.eval_set([(dval, "val")]).split(":")[-1]  # "[0]\tval-rmse:0.42"
     print(f"trained {booster.num_boosted_rounds()} rounds; validation rmse {rmse}; written to {out_dir}")
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -193,7 +194,7 @@ C = TypeVar("C", bound=RuleConfig)
 S = TypeVar("S", bound=RuleState)
 
 
-class Rule(Generic[C, S]):
+class Rule(ABC, Generic[C, S]):
     """Base class. Subclasses set ``name``, ``Config``, ``State`` and implement ``update``."""
 
     #: SageMaker's rule name (``rule_to_invoke``), PascalCase
@@ -212,8 +213,9 @@ class Rule(Generic[C, S]):
     def initial_state(self) -> S:
         return self.State()  # type: ignore[return-value]
 
-    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:  # pragma: no cover - abstract
-        raise NotImplementedError(f"{type(self).__name__}.update")
+    @abstractmethod
+    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
+        """Fold one step (all workers) into the state; a finding means the rule fired."""
 
     def finish(self, state: S) -> list[Finding]:
         """Called once when the job has ended and every step was evaluated."""

@@ -28,6 +28,7 @@ Shared choices, documented once:
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -75,8 +76,9 @@ class ProfilerRule(Rule[C, S]):
             state.last_step = max(state.last_step, max(e.step for e in batch.steps))
         return self._update(state, batch)
 
-    def _update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:  # pragma: no cover
-        raise NotImplementedError(f"{type(self).__name__}._update")
+    @abstractmethod
+    def _update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:
+        """The rule's own judgement of one batch (state already counted its samples)."""
 
     def describe(self, state: S) -> dict[str, Any]:
         """What the report shows for this rule besides its findings: numbers and notes."""
