@@ -28,22 +28,16 @@ from trainguard.rules.profiler.load_balancing import LoadBalancing
 from trainguard.rules.profiler.low_gpu_utilization import LowGPUUtilization
 from trainguard.rules.profiler.max_initialization_time import MaxInitializationTime
 from trainguard.rules.profiler.overall_system_usage import OverallSystemUsage
-from trainguard.rules.profiler.profiler_report import ProfilerReport, RuleResult, evaluate_per_worker
+from trainguard.rules.profiler.profiler_report import (
+    SUB_RULES,
+    ProfilerReport,
+    RuleResult,
+    evaluate_per_worker,
+)
 from trainguard.rules.profiler.step_outlier import StepOutlier
 
-_ALL: tuple[type[ProfilerRule[Any, Any]], ...] = (
-    CPUBottleneck,
-    IOBottleneck,
-    LowGPUUtilization,
-    GPUMemoryIncrease,
-    BatchSize,
-    LoadBalancing,
-    MaxInitializationTime,
-    StepOutlier,
-    Dataloader,
-    OverallSystemUsage,
-    ProfilerReport,
-)
+# ProfilerReport runs every other profiler rule: its SUB_RULES are the one list of them
+_ALL: tuple[type[ProfilerRule[Any, Any]], ...] = (*SUB_RULES, ProfilerReport)
 
 PROFILER_RULES: dict[str, type[ProfilerRule[Any, Any]]] = {cls.name: cls for cls in _ALL}
 
