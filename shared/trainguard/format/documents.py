@@ -1,4 +1,4 @@
-"""The versioned documents a job writes: step header, manifest, end marker, stop signal.
+"""The versioned documents a job writes: segment and step headers, manifest, end marker, stop signal.
 
 Every model forbids unknown fields and bounds its sizes: these documents come from S3,
 where anything may be wrong or hostile. Non-finite floats (a NaN loss is exactly what
@@ -7,15 +7,17 @@ ExplodingTensor looks for) are carried as the strings "NaN", "Infinity", "-Infin
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from trainguard.format import stepfile
 from trainguard.format.layout import validate_job_name
 
 STEP_FORMAT = "trainguard.step/1"
+SEGMENT_FORMAT = "trainguard.segment/2"
 MANIFEST_FORMAT = "trainguard.manifest/1"
 END_FORMAT = "trainguard.end/1"
 STOP_FORMAT = "trainguard.stop/1"
@@ -25,12 +27,17 @@ MAX_UNITS = 65_536
 MAX_BINS = 256
 MAX_VALUES = 4096
 MAX_VALUE_COUNTS = 256
+#: steps in one segment: a window closes before this (a tight loop at 5,000 steps/s with a
+#: 1 s window stays well under it); the hook also closes a window on its header's size
+MAX_SEGMENT_STEPS = 100_000
 
 Mode = Literal["TRAIN", "EVAL", "PREDICT", "GLOBAL"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=stepfile.MAX_NAME_CHARS)]
 JobName = Annotated[str, AfterValidator(validate_job_name)]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
 Count = Annotated[int, Field(ge=0)]
+#: a time: NaN or Infinity would silence every clock rule (StalledTrainingRule)
+FiniteTime = Annotated[float, Field(allow_inf_nan=False, ge=0.0)]
 
 
 class _Strict(BaseModel):
@@ -111,13 +118,74 @@ class StepHeader(_Strict):
     #: the previous step this worker wrote (None for its first): each worker's objects form
     #: a chain, so the service knows exactly which steps a worker skipped.
     prev_step: int | None = Field(default=None, ge=0)
-    wall_time: float
+    wall_time: FiniteTime
     modes: dict[Mode, ModeRecord] = Field(max_length=4)
 
 
 def tensor_key(mode: str, name: str) -> str:
     """Name of a full tensor inside a step object's body."""
     return f"{mode}/{name}"
+
+
+class SegmentStep(_Strict):
+    """One step of a segment: what the worker recorded at that global step, in every mode."""
+
+    step: int = Field(ge=0)
+    #: the worker's clock (Unix seconds) when the step began
+    wall_time: FiniteTime
+    modes: dict[Mode, ModeRecord] = Field(max_length=4)
+
+
+class SegmentHeader(_Strict):
+    """The segment document in ``__metadata__["trainguard"]`` of a segment object (format 2).
+
+    A segment holds every step one worker recorded during one flush window, in step order.
+    A worker's segments form a chain by ``seq`` (0, 1, 2, ... without gaps), and
+    ``prev_step`` is the last step of the previous segment, so the service knows exactly
+    which steps a worker wrote, whatever order segments arrive in. The key repeats worker,
+    seq and step range (``layout.segment_key``), so even an unreadable segment keeps its
+    place in the chain.
+    """
+
+    format: Literal["trainguard.segment/2"] = "trainguard.segment/2"
+    job: JobName
+    worker: int = Field(ge=0)
+    world_size: int = Field(ge=1, le=100_000)
+    seq: int = Field(ge=0)
+    #: the last step of this worker's previous segment (None: nothing was written before)
+    prev_step: int | None = Field(default=None, ge=0)
+    first_step: int = Field(ge=0)
+    last_step: int = Field(ge=0)
+    #: when the window opened and closed (the worker's clock)
+    opened: FiniteTime
+    closed: FiniteTime
+    #: why the window closed: its time ran out, its size cap, full tensors were due, a
+    #: saved value was not finite (flushed at once), or the hook closed
+    reason: Literal["time", "size", "full", "nonfinite", "close"]
+    steps: list[SegmentStep] = Field(min_length=1, max_length=MAX_SEGMENT_STEPS)
+    #: values the hook could not record in this window, by reason (never silently)
+    dropped: dict[ShortText, Count] = Field(default_factory=dict, max_length=32)
+
+    @model_validator(mode="after")
+    def _chain(self) -> SegmentHeader:
+        steps = [s.step for s in self.steps]
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ValueError("segment steps must be strictly increasing")
+        if (steps[0], steps[-1]) != (self.first_step, self.last_step):
+            raise ValueError(
+                f"first_step/last_step {self.first_step}..{self.last_step} do not match the steps "
+                f"{steps[0]}..{steps[-1]}"
+            )
+        if self.prev_step is not None and self.prev_step >= self.first_step:
+            raise ValueError(f"prev_step {self.prev_step} is not before first_step {self.first_step}")
+        if self.closed < self.opened:
+            raise ValueError("a segment cannot close before it opened")
+        return self
+
+
+def segment_tensor_key(step: int, mode: str, name: str) -> str:
+    """Name of a full tensor inside a segment object's body: ``<step:012d>/<MODE>/<name>``."""
+    return f"{step:012d}/{mode}/{name}"
 
 
 class FrameworkInfo(_Strict):
@@ -143,7 +211,7 @@ class ManifestCollection(_Strict):
 class Manifest(_Strict):
     format: Literal["trainguard.manifest/1"] = "trainguard.manifest/1"
     job: JobName
-    created: float
+    created: FiniteTime
     hook_version: ShortText
     frameworks: list[FrameworkInfo] = Field(default_factory=list, max_length=16)
     python: ShortText | None = None
@@ -168,7 +236,7 @@ class EndMarker(_Strict):
     world_size: int = Field(ge=1, le=100_000)
     #: the last step this worker wrote (None if it wrote none): closes the worker's chain
     last_step: int | None = Field(default=None, ge=0)
-    wall_time: float
+    wall_time: FiniteTime
     #: the hook saw the service's stop signal before closing
     stopped: bool = False
     #: objects the uploader could not deliver (never silently)
@@ -176,6 +244,10 @@ class EndMarker(_Strict):
     steps_written: int = Field(default=0, ge=0)
     #: system-monitor batches this worker wrote (seq 0..n-1); None: profiling was off
     system_batches: int | None = Field(default=None, ge=0)
+    #: format 2: segments this worker wrote (seq 0..n-1); None: a format-1 writer
+    segments: int | None = Field(default=None, ge=0)
+    #: values not recorded, by reason (format 2 writers); ``dropped_objects`` counts objects
+    dropped: dict[ShortText, Count] = Field(default_factory=dict, max_length=32)
 
 
 class StopSignal(_Strict):
@@ -183,7 +255,7 @@ class StopSignal(_Strict):
     job: JobName
     rule: ShortText
     reason: Annotated[str, StringConstraints(max_length=1024)]
-    requested_at: float
+    requested_at: FiniteTime
 
 
 def parse_document(model: type[Any], raw: bytes) -> Any:
@@ -219,6 +291,31 @@ def _first_lines(text: str, n: int = 6) -> str:
 
 def encode_step(header: StepHeader, tensors: dict[str, stepfile.TensorBlob]) -> bytes:
     return stepfile.encode(tensors, step_metadata(header))
+
+
+def encode_segment(header: SegmentHeader, tensors: dict[str, stepfile.TensorBlob]) -> bytes:
+    """A segment object: the segment document in the metadata, full tensors in the body."""
+    return stepfile.encode(tensors, {stepfile.METADATA_KEY: header.model_dump_json()})
+
+
+def segment_from_metadata(metadata: dict[str, str]) -> SegmentHeader:
+    raw = metadata.get(stepfile.METADATA_KEY)
+    if raw is None:
+        raise stepfile.StepFormatError(
+            f"no {stepfile.METADATA_KEY!r} entry in __metadata__: not a trainguard segment object"
+        )
+    try:
+        return SegmentHeader.model_validate_json(raw)
+    except ValueError as exc:
+        raise stepfile.StepFormatError(f"invalid segment document: {_first_lines(str(exc))}") from None
+
+
+def decode_segment_header(
+    data: bytes, object_size: int | None = None
+) -> tuple[SegmentHeader, stepfile.ParsedHeader]:
+    """Parse a segment object's header (``data``: the object, or at least its first 8+N bytes)."""
+    parsed = stepfile.parse_header(data, object_size)
+    return segment_from_metadata(parsed.metadata), parsed
 
 
 def decode_step_header(

@@ -34,6 +34,12 @@ import numpy as np
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 #: How many bytes the rule engine fetches first; most step headers fit.
 HEADER_PROBE_BYTES = 64 * 1024
+#: Format 2: the hook closes a segment's window before its header passes this, so the
+#: service reads a segment's header with one ranged GET of ``SEGMENT_PROBE_BYTES``. A single
+#: step larger than this still gets a segment of its own; its header (at most
+#: ``MAX_HEADER_BYTES``) is then completed with a second, bounded GET.
+SEGMENT_HEADER_TARGET_BYTES = 256 * 1024
+SEGMENT_PROBE_BYTES = SEGMENT_HEADER_TARGET_BYTES + 8
 MAX_TENSORS = 100_000
 MAX_NDIM = 16
 MAX_NAME_CHARS = 512

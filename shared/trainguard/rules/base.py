@@ -63,6 +63,36 @@ class RuleState(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
+#: statistics a rule may ask the hook for: the fields of ``TensorStats``
+STATISTICS: tuple[str, ...] = tuple(TensorStats.model_fields)
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """One input a rule reads, declared so the hook saves exactly it and coverage can be checked.
+
+    The hook turns on ``collections`` (and saves tensors whose names match ``regex``) and
+    computes ``statistics`` for them; scalar inputs (``scalars=True``) are scalar values in
+    those collections (``("losses",)``: every loss). ``modes`` empty means any mode. A rule
+    that never received a ``required`` input by the end of a job has not checked it: it ends
+    ``Error`` with ``what`` in the reason, never ``NoIssuesFound``.
+    """
+
+    #: what a user reads in a coverage message: "gradients", "TRAIN losses", "ReLU outputs"
+    what: str
+    collections: tuple[str, ...] = ()
+    regex: tuple[str, ...] = ()
+    statistics: tuple[str, ...] = ()
+    scalars: bool = False
+    modes: tuple[Mode, ...] = ()
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.statistics if s not in STATISTICS]
+        if unknown:
+            raise ValueError(f"unknown statistics {unknown}; known: {list(STATISTICS)}")
+
+
 @dataclass(frozen=True)
 class Finding:
     """The rule's condition was met. Its text becomes the StatusDetails."""
@@ -212,6 +242,10 @@ class Rule(ABC, Generic[C, S]):
 
     def initial_state(self) -> S:
         return self.State()  # type: ignore[return-value]
+
+    def reads(self) -> tuple[RuleInput, ...]:
+        """The inputs this configured rule reads (the hook saves them; coverage checks them)."""
+        return ()
 
     @abstractmethod
     def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
