@@ -1,0 +1,121 @@
+"""Score the stored corpus: label it, replay every run under each save profile, compute metrics."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.accuracy import labels as labelling
+from bench.accuracy.corpus import Run, SaveProfile, load_runs, sagemaker_default, trainguard_default
+from bench.accuracy.score import Metrics, RuleConf, fingerprint, score, verdicts
+from bench.accuracy.tune import candidate_confs, choose
+
+
+def profiles() -> list[SaveProfile]:
+    return [trainguard_default(), sagemaker_default()]
+
+
+def delay_budget(profile: SaveProfile) -> int:
+    """Two save intervals of the profile's tensor collections (the coarsest default schedule)."""
+    from trainguard.hook.config import CollectionKeys
+    from trainguard.modes import ModeKeys
+
+    return 2 * profile.config(CollectionKeys.WEIGHTS).get_save_config(ModeKeys.TRAIN).interval
+
+
+@dataclass
+class Evaluation:
+    runs: list[Run]
+    labels: dict[str, dict[str, Any]]
+    confs: dict[str, list[RuleConf]]
+    #: profile -> run_id -> conf key -> verdict
+    verdicts: dict[str, dict[str, dict[str, dict[str, Any]]]]
+    fingerprint: str
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def items(
+        self, profile: str, split: str, conf: RuleConf
+    ) -> Iterable[tuple[str, dict[str, Any], dict[str, Any]]]:
+        for run in self.runs:
+            lab = self.labels[run.run_id]
+            if lab["split"] != split:
+                continue
+            v = self.verdicts[profile].get(run.run_id, {}).get(conf.key)
+            if v is not None:
+                yield run.run_id, v, lab
+
+    def metrics(self, profile: str, split: str, conf: RuleConf) -> Metrics:
+        return score(conf, self.items(profile, split, conf))
+
+    def chosen(self, rule: str) -> Metrics:
+        budget = delay_budget(trainguard_default())
+        return choose([self.metrics("trainguard", "dev", c) for c in self.confs[rule]], budget)
+
+    def conf_by_label(self, label: str) -> RuleConf:
+        for confs in self.confs.values():
+            for c in confs:
+                if c.label == label:
+                    return c
+        raise KeyError(label)
+
+
+def _confs_for(run: Run, confs: dict[str, list[RuleConf]]) -> list[RuleConf]:
+    family = run.spec.family
+    return [c for rule, cs in confs.items() if labelling.applicable(rule, family) for c in cs]
+
+
+def _score_run(
+    item: tuple[str, str, list[dict[str, Any]], str],
+) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    root, profile_name, raw_confs, fp = item
+    import json
+
+    run = Run(Path(root), json.loads((Path(root) / "run.json").read_text()))
+    profile = {p.name: p for p in profiles()}[profile_name]
+    confs = [RuleConf(c["label"], c["rule"], tuple(tuple(x) for x in c["params"])) for c in raw_confs]
+    cache = Path(root).parents[1]
+    return run.run_id, profile_name, verdicts(run, profile, confs, cache, fp)
+
+
+def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Evaluation:
+    started = time.perf_counter()
+    labels = labelling.label_corpus(cache)
+    runs = load_runs(cache)
+    skipped: list[str] = []
+    confs = candidate_confs(skipped)
+    if only_defaults:
+        confs = {rule: cs[:1] for rule, cs in confs.items()}
+    fp = fingerprint()
+    items = []
+    for run in runs:
+        lab = labels[run.run_id]
+        if lab.get("kind") == "suboptimal" or lab.get("harm") in ("grey", "no-twin"):
+            continue
+        mine = [
+            {"label": c.label, "rule": c.rule, "params": [list(p) for p in c.params]}
+            for c in _confs_for(run, confs)
+        ]
+        for profile in profiles():
+            items.append((str(run.root), profile.name, mine, fp))
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {p.name: {} for p in profiles()}
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers) as pool:
+            results = pool.imap_unordered(_score_run, items, chunksize=4)
+            for i, (run_id, profile_name, v) in enumerate(results, 1):
+                out[profile_name][run_id] = v
+                if i % 50 == 0:
+                    print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
+    else:
+        for i, item in enumerate(items, 1):
+            run_id, profile_name, v = _score_run(item)
+            out[profile_name][run_id] = v
+            if i % 50 == 0:
+                print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
+    return Evaluation(runs, labels, confs, out, fp, skipped, time.perf_counter() - started)

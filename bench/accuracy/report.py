@@ -1,0 +1,365 @@
+"""Render docs/accuracy.md from an ``Evaluation`` (every number comes from the stored corpus)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.accuracy import labels as labelling
+from bench.accuracy import plan
+from bench.accuracy.evaluate import Evaluation, delay_budget, profiles
+from bench.accuracy.score import Metrics, RuleConf, wilson
+from bench.accuracy.tune import DEFAULT_STANDINS, SCORED_RULES
+
+
+def _git(*args: str) -> str:
+    import trainguard
+
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(trainguard.__file__).parent), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    return out.stdout.strip() or f"unknown ({out.stderr.strip()[:80]})"
+
+
+def _ratio(k: int, n: int) -> str:
+    if n == 0:
+        return "—"
+    lo, hi = wilson(k, n) or (0.0, 0.0)
+    return f"{k / n:.2f} [{lo:.2f}, {hi:.2f}] ({k}/{n})"
+
+
+def _fa(m: Metrics) -> str:
+    if not m.clean_runs:
+        return "—"
+    lo, hi = wilson(m.clean_alarms, m.clean_runs) or (0.0, 0.0)
+    return f"{100 * m.clean_alarms / m.clean_runs:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] ({m.clean_alarms}/{m.clean_runs})"
+
+
+def _delay(m: Metrics, budget: int) -> str:
+    if m.median_delay is None:
+        return "—"
+    return f"{m.median_delay:g} ({m.median_delay / (budget / 2):.1f} int.)"
+
+
+def _met(m: Metrics, budget: int) -> str:
+    meets = m.meets(budget)
+    missing = [k.replace("_", " ") for k, v in meets.items() if v is False]
+    unknown = [k.replace("_", " ") for k, v in meets.items() if v is None]
+    if not missing and not unknown:
+        return "**met**"
+    parts = []
+    if missing:
+        parts.append("missed: " + ", ".join(missing))
+    if unknown:
+        parts.append("no data: " + ", ".join(unknown))
+    return "; ".join(parts)
+
+
+def _row(m: Metrics, budget: int, label: str | None = None) -> str:
+    fp = ", ".join(f"{k} {v}" for k, v in sorted(m.fp_where.items())) or "0"
+    return (
+        f"| {label or m.label} | {m.tp + m.fn} | {_ratio(m.tp, m.tp + m.fp)} | {_ratio(m.tp, m.tp + m.fn)} | "
+        f"{_fa(m)} | {fp} | {_delay(m, budget)} | {_met(m, budget)} |"
+    )
+
+
+HEADER = (
+    "| Rule | positives | precision [95% CI] | recall [95% CI] | false alarms / 100 clean runs [95% CI] | "
+    "false alarms by where | median delay, steps (save intervals) | targets |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def _table(ev: Evaluation, profile: str, split: str, confs: list[RuleConf]) -> str:
+    budget = delay_budget({p.name: p for p in profiles()}[profile])
+    rows = [HEADER]
+    for conf in confs:
+        rows.append(_row(ev.metrics(profile, split, conf), budget))
+    return "\n".join(rows)
+
+
+def _corpus_table(ev: Evaluation) -> str:
+    counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    cpu: dict[tuple[str, str], float] = defaultdict(float)
+    for run in ev.runs:
+        lab = ev.labels[run.run_id]
+        key = (lab["split"], lab["family"])
+        kind = (
+            lab["kind"]
+            if lab["kind"] != "fault"
+            else {"harmful": "harmful", "unharmed": "near-miss"}.get(lab.get("harm", ""), "grey")
+        )
+        counts[key][kind] += 1
+        cpu[key] += float(run.meta.get("recorded", {}).get("cpu_s", 0.0))
+    lines = [
+        "| split | family | clean | suboptimal (not scored) | faulty, harmful | faulty, near-miss (unharmed) | faulty, grey (not scored) | CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    total: Counter[str] = Counter()
+    total_cpu = 0.0
+    for (split, family), c in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dev", kv[0][1])):
+        lines.append(
+            f"| {split} | {family}{' (held out)' if family in plan.HELD_OUT_FAMILIES else ''} | {c['clean']} | "
+            f"{c['suboptimal']} | {c['harmful']} | {c['near-miss']} | {c['grey']} | {cpu[(split, family)]:.0f} |"
+        )
+        total += c
+        total_cpu += cpu[(split, family)]
+    lines.append(
+        f"| **all** | | **{total['clean']}** | {total['suboptimal']} | **{total['harmful']}** | **{total['near-miss']}** | "
+        f"{total['grey']} | {total_cpu:.0f} |"
+    )
+    return "\n".join(lines)
+
+
+def _positives_table(ev: Evaluation, split: str) -> str:
+    per: dict[str, Counter[str]] = defaultdict(Counter)
+    for run in ev.runs:
+        lab = ev.labels[run.run_id]
+        if lab["split"] != split:
+            continue
+        for rule in lab.get("positive_for", []) or []:
+            per[rule][lab["fault"]] += 1
+    lines = ["| Rule | positive runs by fault |", "|---|---|"]
+    for rule in SCORED_RULES:
+        lines.append(f"| {rule} | {', '.join(f'{k} {v}' for k, v in sorted(per[rule].items())) or '—'} |")
+    return "\n".join(lines)
+
+
+def _evidence(ev: Evaluation, profile: str, split: str, confs: list[RuleConf], limit: int = 4) -> str:
+    by_id = {r.run_id: r for r in ev.runs}
+    out = []
+    for conf in confs:
+        m = ev.metrics(profile, split, conf)
+        if not m.misses and not m.clean_alarms:
+            continue
+        lines = [f"**{conf.label}**: {m.fn} missed, {m.clean_alarms} false alarms on clean runs."]
+        for j in m.misses[:limit]:
+            lab = ev.labels[j.run_id]
+            spec = by_id[j.run_id].spec
+            saw = j.details.replace("|", "/")[:260] or "(no details)"
+            lines.append(
+                f"- miss `{j.run_id}` ({spec.fault} grade {spec.grade}, {spec.params}, switched on at step "
+                f"{lab['inject_step']}, symptom from step {lab['onset_step']} ({lab['onset_method']}), "
+                f"outcome {_outcome(lab)}): {j.reason}{f' at step {j.alert}' if j.alert is not None else ''}: {saw}"
+            )
+        if len(m.misses) > limit:
+            lines.append(
+                f"- ... {len(m.misses) - limit} more misses: {', '.join(j.run_id for j in m.misses[limit : limit + 12])}"
+            )
+        clean_fa = [j for j in m.false_alarms if j.where == "clean"]
+        for j in clean_fa[: max(1, limit // 2)]:
+            lines.append(
+                f"- false alarm on clean `{j.run_id}` at step {j.alert}: {j.details.replace('|', '/')[:220]}"
+            )
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def _outcome(lab: dict[str, Any]) -> str:
+    if lab.get("diverged"):
+        return "diverged"
+    rel, dacc = lab.get("delta_loss_rel"), lab.get("delta_acc")
+    if rel is None:
+        return lab.get("harm", "?")
+    return f"val loss {rel:+.0%}, accuracy {dacc:+.3f} vs twin"
+
+
+def _defaults_table(ev: Evaluation) -> str:
+    tg = delay_budget({p.name: p for p in profiles()}["trainguard"])
+    lines = [
+        "| Rule | default (SageMaker's, or trainguard's own rule) | dev at default: P / R / FA per 100 | chosen on dev | dev: P / R / FA per 100 / delay | test: P / R / FA per 100 / delay | test targets |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rule in SCORED_RULES:
+        default = ev.confs[rule][0]
+        dm = ev.metrics("trainguard", "dev", default)
+        chosen = ev.chosen(rule)
+        conf = ev.conf_by_label(chosen.label)
+        tm = ev.metrics("trainguard", "test", conf)
+        same = conf.key == default.key
+        lines.append(
+            f"| {rule} | {_params(default) or 'defaults'}{' (no default: a stand-in)' if rule in DEFAULT_STANDINS else ''} | "
+            f"{_short(dm)} | {'keep the default' if same else _params(conf)} | {_short(chosen, tg)} | {_short(tm, tg)} | {_met(tm, tg)} |"
+        )
+    return "\n".join(lines)
+
+
+def _params(conf: RuleConf) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in conf.params)
+
+
+def _short(m: Metrics, budget: int | None = None) -> str:
+    def f(x: float | None) -> str:
+        return "—" if x is None else f"{x:.2f}"
+
+    fa = "—" if m.fa_per_100 is None else f"{m.fa_per_100:.1f}"
+    text = f"{f(m.precision)} / {f(m.recall)} / {fa}"
+    if budget is not None:
+        text += f" / {'—' if m.median_delay is None else f'{m.median_delay:g}'}"
+    return text
+
+
+def _candidates_appendix(ev: Evaluation) -> str:
+    tg = delay_budget({p.name: p for p in profiles()}["trainguard"])
+    out = []
+    for rule in SCORED_RULES:
+        rows = [f"**{rule}** (dev split, trainguard profile)", "", HEADER]
+        ranked = sorted(
+            (ev.metrics("trainguard", "dev", c) for c in ev.confs[rule]),
+            key=lambda m: (m.fa_per_100 or 0.0, -(m.recall or 0.0)),
+        )
+        rows += [_row(m, tg) for m in ranked]
+        out.append("\n".join(rows))
+    return "\n\n".join(out)
+
+
+def render(ev: Evaluation, meta: dict[str, Any]) -> str:
+    defaults = [ev.confs[r][0] for r in SCORED_RULES]
+    tg, sm = profiles()
+    budget = delay_budget(tg)
+    test_metrics = [ev.metrics("trainguard", "test", c) for c in defaults]
+    met = [m.label for m in test_metrics if m.all_met(budget)]
+    chosen_confs = [ev.conf_by_label(ev.chosen(r).label) for r in SCORED_RULES]
+    chosen_met = [c.label for c in chosen_confs if ev.metrics("trainguard", "test", c).all_met(budget)]
+    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    commit = _git("log", "-1", "--format=%h %s")
+    dirty = _git("status", "--porcelain", "--", ".")
+    return f"""# Rule accuracy: benchmark v2
+
+Generated by `make bench-accuracy` (`python -m bench.accuracy`) from the stored corpus;
+do not edit by hand (the method is in `bench/accuracy/*.py`, every number comes from the
+runs). Rules scored: trainguard at branch `{branch}`, commit {commit}{" (with uncommitted changes)" if dirty and not dirty.startswith("unknown") else ""};
+verdict fingerprint `{ev.fingerprint}`. Scoring took {ev.seconds:.0f} s{meta.get("scoring_note", "")}.
+
+**At trainguard's defaults, {len(met)} of {len(defaults)} rules meet every target on the test split**{": " + ", ".join(met) if met else ""}.
+With the defaults the dev split supports (chosen on dev only, below), {len(chosen_met)} of {len(defaults)} do{": " + ", ".join(chosen_met) if chosen_met else ""}.
+Targets on the test split: precision ≥ 0.95, recall ≥ 0.90, ≤ 1 false alarm per 100 clean
+runs, median detection delay ≤ 2 save intervals ({budget} training steps at trainguard's
+defaults; {delay_budget(sm)} at SageMaker's).
+
+## The corpus
+
+Every run is trained once through the public `trainguard.Hook` (its PyTorch integration,
+`register_module` and `register_loss`, or `TrainguardCallback` for XGBoost), recording
+every statistic the hook can compute: losses every step; tensor statistics every
+{plan.TRAIN_RECORD_INTERVAL} TRAIN steps and every EVAL step. The corpus lives outside git
+(`{meta.get("cache", "")}`); a scoring replays each stored run with `trainguard.engine.replay`
+through a job that keeps only what a save configuration would have saved, so any rule
+configuration and any save profile whose intervals are multiples of {plan.TRAIN_RECORD_INTERVAL}
+can be scored without training again.
+
+{_corpus_table(ev)}
+
+Families: tabular MLP (ReLU and tanh; 16 raw features of mixed scale, standardised by the
+pipeline), CNN on synthetic 32x32 RGB shape images, LSTM and a one-layer transformer on
+padded token sequences (pad id 0), a residual network with BatchNorm on the images (test
+split only: no default was chosen on it), XGBoost on the tabular teacher's data. Synthetic
+data only, generated per seed. {plan.STEPS} training steps per PyTorch run (evaluation every
+{plan.EVAL_EVERY} steps, {plan.EVAL_BATCHES} EVAL batches over the validation set),
+{plan.XGB_ROUNDS} boosting rounds per XGBoost run.
+
+The sweep: every optimizer (SGD, SGD with momentum 0.9, Adam, AdamW, RMSprop) at two
+learning rates, with schedules (constant, cosine, step decay) and weight decay assigned in
+rotation; XGBoost over depth, learning rate and subsampling. Splits: dev seeds
+{plan.SPLIT_SEEDS["dev"]}, test seeds {plan.SPLIT_SEEDS["test"]} plus the held-out family.
+
+Faults (cause, three severities, the mildest meant as a near-miss; switched on at a random
+step in 10-70% of the run, initialisation and XGBoost configuration faults at step 0):
+
+{_faults_table()}
+
+## How runs are labelled (cause and outcome; no rule is consulted)
+
+- **Clean**: a sweep run whose final validation loss is within {labelling.CLEAN_MARGIN:.0%} of
+  its family's best configuration (mean over the split's seeds) and whose accuracy is within
+  {labelling.CLEAN_ACC_POINTS * 100:.0f} points. Other sweep runs are *suboptimal* and not scored.
+- **Faulty**: compared with its clean twin (same configuration and seed; identical until the
+  switch-on). *Harmful* when it diverged, or its final validation loss is > {labelling.HARM_LOSS:.0%}
+  above the twin's, or its accuracy > {labelling.HARM_ACC * 100:.0f} points below; a *near-miss*
+  (a negative) when within {labelling.NEAR_LOSS:.0%} and {labelling.NEAR_ACC * 100:.0f} point; otherwise grey (not scored).
+- **Who should fire**: on a harmful run, the rules whose documented purpose is that cause
+  (table above); rules listed as tolerated may fire without a false alarm (a consequence,
+  e.g. the loss stops decreasing after the learning rate went to 0); on a diverged run any
+  rule may. Every alert on a clean run, a near-miss, or another fault's harmful run is a false
+  alarm; so is an alert before the switch-on (the run equalled its twin then), which also
+  makes a positive run a miss.
+- **Symptom onset from effect sizes**: the first step at or after the switch-on where one
+  of the fault's signals (the bench's own measurements: loss, gradient norms, update ratio,
+  dead-unit share, input statistics, label shares, padding share, train-validation gap)
+  differs from the twin's by ≥ {labelling.EFFECT:g} robust standard deviations of the twin's own
+  fluctuation (1.4826 x MAD around an 11-step running median), for {labelling.SUSTAIN} consecutive
+  measurements ({labelling.SUSTAIN_EVAL} evaluations); without such a step, the switch-on step.
+  Delay = alert step - onset, in training steps (an alert between switch-on and onset counts 0).
+- Applicability: CheckInputImages is scored on image families, NLPSequenceRatio on sequence
+  families, the tree rules on XGBoost, the other rules on the PyTorch families.
+
+Positives per rule on the test split: {_positives_table(ev, "test")}
+
+## Test split, trainguard's default save configuration, rules at their defaults
+
+{tg.description}. {"TensorVariance has no default threshold; its row uses `" + _params(defaults[SCORED_RULES.index("TensorVariance")]) + "`." if "TensorVariance" in SCORED_RULES else ""}
+
+{_table(ev, "trainguard", "test", defaults)}
+
+## Test split, SageMaker's 500-step save configuration, rules at their defaults
+
+{sm.description}: on these {plan.STEPS}-step runs a rule sees TRAIN steps 0 and 500 and the
+first evaluation step only.
+
+{_table(ev, "sagemaker", "test", defaults)}
+
+## Defaults the dev split supports
+
+Chosen on the dev split at trainguard's save defaults among the rule's default and the
+candidates in `bench/accuracy/tune.py` (targets met first; then ≤ 1 false alarm per 100
+clean runs; then recall, precision, false alarms, delay), then reported on the test split.
+
+{_defaults_table(ev)}
+
+Test split with the chosen configurations:
+
+{_table(ev, "trainguard", "test", chosen_confs)}
+
+## Misses and false alarms, with evidence (test split, trainguard profile, defaults)
+
+{_evidence(ev, "trainguard", "test", defaults)}
+
+## Appendix: every configuration on the dev split
+
+{_candidates_appendix(ev)}
+{_skipped(ev)}
+"""
+
+
+def _skipped(ev: Evaluation) -> str:
+    if not ev.skipped:
+        return ""
+    return (
+        "\nCandidates the installed rules do not accept (skipped):\n\n"
+        + "\n".join(f"- {s}" for s in ev.skipped)
+        + "\n"
+    )
+
+
+def _faults_table() -> str:
+    lines = [
+        "| fault | cause | severities (mild, medium, severe) | families | rules that should fire | tolerated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in plan.FAULTS:
+        detects = ", ".join(f.detects) + (
+            f" (+ {', '.join(f.detects_if_diverged)} when it diverged)" if f.detects_if_diverged else ""
+        )
+        lines.append(
+            f"| {f.name} | {f.what} | {'; '.join(', '.join(f'{k} {v}' for k, v in g.items()) for g in f.grades)} | "
+            f"{', '.join(f.families)} | {detects or '—'} | {', '.join(f.tolerated) or '—'} |"
+        )
+    return "\n".join(lines)
