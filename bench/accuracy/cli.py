@@ -1,6 +1,6 @@
 """Command line of the accuracy benchmark.
 
-python -m bench.accuracy                      # everything: generate (resumable), label, score, rewrite docs/accuracy.md
+python -m bench.accuracy all --workers 2      # generate what is missing, label, score, rewrite the doc
 python -m bench.accuracy generate --split dev --phase clean --workers 2
 python -m bench.accuracy generate --split dev --phase faults
 python -m bench.accuracy label                # rewrite every run's labels.json

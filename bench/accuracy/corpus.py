@@ -90,9 +90,8 @@ def read_job_folder(path: Path) -> StoredJob:
             for reason, count in segment.dropped.items():
                 warnings.append(f"segment {ref.seq}: {count} values dropped ({reason})")
     if not manifest or not end:
-        warnings.append(
-            f"job folder {path}: manifest {'found' if manifest else 'missing'}, end marker {'found' if end else 'missing'}"
-        )
+        found = f"manifest {'found' if manifest else 'missing'}, end marker {'found' if end else 'missing'}"
+        warnings.append(f"job folder {path}: {found}")
     if end.get("dropped_objects"):
         warnings.append(f"the hook dropped {end['dropped_objects']} objects")
     return StoredJob(fmt, objects, manifest, end, [steps[k] for k in sorted(steps)], warnings)
@@ -228,7 +227,8 @@ def sagemaker_default() -> SaveProfile:
     every = SaveConfig(save_interval=500)
     return SaveProfile(
         "sagemaker",
-        "SageMaker Debugger's built-in-rule default: every collection, losses included, every 500 steps of each mode",
+        "SageMaker Debugger's built-in-rule default: every collection, losses included, "
+        "every 500 steps of each mode",
         {"*": every},
     )
 
@@ -372,6 +372,9 @@ class EmulatedJob:
         if ref.kind is ObjectKind.END:
             return self._end
         raise KeyError(ref)
+
+    def sibling(self, name: str) -> EmulatedJob:
+        raise KeyError(f"{name}: an emulated job has no sibling jobs (no cross-job rule is scored)")
 
     @property
     def saved_steps(self) -> int:

@@ -150,7 +150,14 @@ def _decayed(model: nn.Module) -> list[torch.Tensor]:
     return [p for n, p in model.named_parameters() if p.dim() >= 2]
 
 
-def apply_onset(spec: RunSpec, model: Any, sw: Switches, pipe: Pipeline, xb: torch.Tensor) -> None:
+def apply_onset(
+    spec: RunSpec,
+    model: Any,
+    sw: Switches,
+    pipe: Pipeline,
+    xb: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+) -> None:
     """Switch the fault on (once, at the onset step, before that step's batch is drawn)."""
     kind, p, fam = spec.fault, spec.params, spec.family
     if kind in ("lr_spike", "stall"):
@@ -174,6 +181,9 @@ def apply_onset(spec: RunSpec, model: Any, sw: Switches, pipe: Pipeline, xb: tor
             for m in mods:
                 for q in m.parameters():
                     q.mul_(float(p["scale"]))
+                    # a checkpoint load replaces the optimizer's state too (Adam's moments
+                    # would otherwise push the zeros straight back)
+                    optimizer.state.pop(q, None)
     elif kind == "vanish":
         eps = float(p["eps"])
         _vanish_module(fam, model).register_forward_hook(lambda _m, _i, out: out * eps)
@@ -238,7 +248,7 @@ def _kill_units(spec: RunSpec, model: Any, xb: torch.Tensor, share: float) -> No
     top = pre.amax(dim=dims)
     spread = pre.std(dim=dims)
     gen = torch.Generator().manual_seed(spec.seed + 17)
-    chosen = torch.randperm(units, generator=gen)[: int(round(share * units))]
+    chosen = torch.randperm(units, generator=gen)[: round(share * units)]
     with torch.no_grad():
         bias[chosen] -= top[chosen] + 3.0 * spread[chosen] + 0.5
     del module
@@ -355,7 +365,7 @@ def train_torch(spec: RunSpec, job_dir: Path) -> tuple[dict[str, Any], dict[str,
     steps = plan.STEPS
     for t in range(steps):
         if spec.fault is not None and spec.onset == t and spec.fault != "poor_init":
-            apply_onset(spec, model, sw, pipe, pipe.transform(data.train.x[:64], sw))
+            apply_onset(spec, model, sw, pipe, pipe.transform(data.train.x[:64], sw), optimizer)
         lr = cfg.lr * schedule_factor(cfg, t, steps) * sw.lr_scale
         for group in optimizer.param_groups:
             group["lr"] = lr

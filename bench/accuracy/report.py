@@ -1,5 +1,8 @@
 """Render docs/accuracy.md from an ``Evaluation`` (every number comes from the stored corpus)."""
 
+# Markdown table rows and the page template read best one row per line.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import subprocess
