@@ -124,6 +124,14 @@ class Run:
         return plan.RunSpec.from_json(self.meta["spec"])
 
     @property
+    def record_interval(self) -> int:
+        """Every how many TRAIN steps the recording holds tensor statistics."""
+        recorded = self.meta.get("recorded", {})
+        if "train_record_interval" in recorded:
+            return int(recorded["train_record_interval"])
+        return 1 if self.spec.family == "xgboost" else plan.TRAIN_RECORD_INTERVAL
+
+    @property
     def outcome(self) -> dict[str, Any]:
         return dict(self.meta["outcome"])
 
@@ -275,6 +283,7 @@ class EmulatedJob:
         self.run = run
         self.profile = profile
         self.job = run.run_id
+        self.record_interval = run.record_interval
         manifest = run.manifest()
         if rules is not None:
             manifest["rules"] = rules
@@ -338,7 +347,7 @@ class EmulatedJob:
                 value = table.get(f"{mode}:{m}", {}).get(name)
                 t = {**t, "stats": {**stats, "update_l2": value}}
             tensors[name] = t
-        if mode == "TRAIN" and m % plan.TRAIN_RECORD_INTERVAL:
+        if mode == "TRAIN" and m % self.record_interval:
             # tensors were recorded only every TRAIN_RECORD_INTERVAL steps: refuse a profile
             # that wants one in between rather than silently leave it out
             for name in rec.get("tensors", {}):
@@ -346,7 +355,7 @@ class EmulatedJob:
             if self._wants_unrecorded(m):
                 raise EmulationError(
                     f"profile {self.profile.name} saves tensors at TRAIN step {m}, which the "
-                    f"recording (every {plan.TRAIN_RECORD_INTERVAL}) does not hold"
+                    f"recording (every {self.record_interval}) does not hold"
                 )
         if not scalars and not tensors:
             return None

@@ -32,13 +32,26 @@ def _work(item: tuple[dict[str, object], str]) -> tuple[str, float, str | None]:
     return spec.run_id, time.perf_counter() - started, None
 
 
+def good_configs(cache: Path, split: str) -> dict[str, set[str]]:
+    """family -> configuration keys with a clean run on the base seeds (dev's choice for the
+    dev families; the held-out family's own test runs for it)."""
+    out: dict[str, set[str]] = {}
+    base = set(plan.SPLIT_SEEDS["dev"]) | set(plan.SPLIT_SEEDS["test"])
+    for source in ("dev", split):
+        for family, specs in labels.clean_twins(cache, source).items():
+            if source == "dev" or family in plan.HELD_OUT_FAMILIES:
+                keys = {plan.config_key(s.family, s.config) for s in specs if s.seed in base}
+                out.setdefault(family, set()).update(keys)
+    return out
+
+
 def missing(specs: list[RunSpec], cache: Path) -> list[RunSpec]:
     return [s for s in specs if not (cache / "runs" / s.run_id / "run.json").is_file()]
 
 
 def planned(split: str, cache: Path, phase: str, per_cell: int = 1) -> list[RunSpec]:
     if phase == "clean":
-        return plan.clean_specs(split)
+        return plan.clean_specs(split) + plan.extra_clean_specs(split, good_configs(cache, split))
     frozen = cache / f"plan-faults-{split}.json"
     stored: dict[str, RunSpec] = {}
     if frozen.is_file():

@@ -1,15 +1,21 @@
 """Labels from cause and outcome, and the symptom's onset from effect sizes. No rule is consulted.
 
-Clean. A sweep run is *clean* when its final validation loss is within ``CLEAN_MARGIN``
-(relative) of the mean of its family's best configuration (lowest mean final validation
-loss over the split's seeds) and its accuracy within ``CLEAN_ACC_POINTS``; otherwise it is
-*suboptimal* and left out of the scores (a badly tuned run is neither healthy nor a fault).
+Losses are compared by how much of the learning they keep: the *reduction* of the final
+validation loss below the chance level ``ln(classes)`` (what a model that learned nothing
+scores), so that a margin means the same on a task whose loss ends at 0.07 as on one that
+ends at 0.5.
+
+Clean. A sweep run is *clean* when its reduction is at least ``1 - CLEAN_MARGIN`` of the
+reduction of its family's best configuration (lowest mean final validation loss over the
+split's seeds) on the same seed (the same data), and its accuracy is within
+``CLEAN_ACC_POINTS`` of that run's; otherwise it is *suboptimal* and left out of the scores
+(a badly tuned run is neither healthy nor a fault).
 
 Harm. A fault run is compared with its twin (the clean run it equals up to the onset):
-*harmful* when it diverged (a non-finite loss or gradient), or its final validation loss
-is more than ``HARM_LOSS`` (relative) above the twin's, or its accuracy more than
-``HARM_ACC`` below; *unharmed* (a near-miss negative) when the loss is within
-``NEAR_LOSS`` and the accuracy within ``NEAR_ACC``; otherwise *grey*, left out.
+*harmful* when it diverged (a non-finite loss or gradient), or lost more than ``HARM_LOSS``
+of the twin's reduction, or more than ``HARM_ACC`` of its accuracy; *unharmed* (a near-miss
+negative) when it lost at most ``NEAR_LOSS`` of the reduction and ``NEAR_ACC`` of the
+accuracy; otherwise *grey*, left out.
 
 Who should fire. On a harmful run, the fault's ``detects`` rules (plus
 ``detects_if_diverged`` when it diverged) are positives; its ``tolerated`` rules may fire
@@ -39,8 +45,8 @@ import numpy as np
 from bench.accuracy import plan
 from bench.accuracy.corpus import Run, load_runs
 
-CLEAN_MARGIN = 0.10
-CLEAN_ACC_POINTS = 0.03
+CLEAN_MARGIN = 0.20
+CLEAN_ACC_POINTS = 0.05
 HARM_LOSS = 0.10
 HARM_ACC = 0.03
 NEAR_LOSS = 0.03
@@ -65,33 +71,49 @@ def applicable(rule: str, family: str) -> bool:
     return family != "xgboost"
 
 
-def _best_by_family(runs: list[Run]) -> dict[tuple[str, str], dict[str, float]]:
-    """(split, family) -> the best configuration's mean final loss and accuracy."""
+def chance_loss(family: str) -> float:
+    """The validation loss of a model that learned nothing: ln(classes)."""
+    return math.log(2 if family == "xgboost" else 4)
+
+
+def _reduction(family: str, loss: float) -> float:
+    return chance_loss(family) - loss
+
+
+def _best_by_family(runs: list[Run]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(split, family) -> the best configuration (lowest mean final loss) and its runs' outcomes by seed."""
     groups: dict[tuple[str, str, str], list[Run]] = defaultdict(list)
     for r in runs:
         spec = r.spec
         if spec.fault is None:
             groups[(spec.split, spec.family, json.dumps(spec.config, sort_keys=True))].append(r)
-    best: dict[tuple[str, str], dict[str, float]] = {}
+    best: dict[tuple[str, str], dict[str, Any]] = {}
     for (split, family, cfg), members in groups.items():
         losses = [m.outcome["val_loss"] for m in members]
         if any(v is None or not math.isfinite(v) for v in losses):
             continue
         mean = float(np.mean(losses))
-        acc = float(np.mean([m.outcome["val_acc"] for m in members]))
         key = (split, family)
         if key not in best or mean < best[key]["val_loss"]:
-            best[key] = {"val_loss": mean, "val_acc": acc, "config": cfg}  # type: ignore[dict-item]
+            best[key] = {
+                "val_loss": mean,
+                "config": cfg,
+                "by_seed": {m.spec.seed: m.outcome for m in members},
+            }
     return best
 
 
-def clean_label(run: Run, best: dict[tuple[str, str], dict[str, float]]) -> str:
+def clean_label(run: Run, best: dict[tuple[str, str], dict[str, Any]]) -> str:
     o = run.outcome
     ref = best.get((run.spec.split, run.spec.family))
     if ref is None or o["val_loss"] is None or o.get("diverged"):
         return "suboptimal"
-    ok = o["val_loss"] <= ref["val_loss"] * (1 + CLEAN_MARGIN) and (
-        o["val_acc"] is None or o["val_acc"] >= ref["val_acc"] - CLEAN_ACC_POINTS
+    same = ref["by_seed"].get(run.spec.seed)
+    if same is None:
+        return "suboptimal"
+    family = run.spec.family
+    ok = _reduction(family, o["val_loss"]) >= (1 - CLEAN_MARGIN) * _reduction(family, same["val_loss"]) and (
+        o["val_acc"] is None or o["val_acc"] >= same["val_acc"] - CLEAN_ACC_POINTS
     )
     return "clean" if ok else "suboptimal"
 
@@ -109,20 +131,17 @@ def clean_twins(cache: Path, split: str) -> dict[str, list[plan.RunSpec]]:
 
 
 def harm(run: Run, twin: Run) -> tuple[str, float | None, float | None]:
+    """(verdict, share of the twin's loss reduction lost, accuracy change)."""
     o, c = run.outcome, twin.outcome
     if o.get("diverged") or o["val_loss"] is None or not math.isfinite(o["val_loss"]):
         return "harmful", None, None
-    rel = (o["val_loss"] - c["val_loss"]) / max(c["val_loss"], 1e-9)
-    dacc = (
-        (o["val_acc"] - c["val_acc"])
-        if o.get("val_acc") is not None and c.get("val_acc") is not None
-        else 0.0
-    )
-    if rel > HARM_LOSS or dacc < -HARM_ACC:
-        return "harmful", rel, dacc
-    if rel <= NEAR_LOSS and dacc >= -NEAR_ACC:
-        return "unharmed", rel, dacc
-    return "grey", rel, dacc
+    lost = (o["val_loss"] - c["val_loss"]) / max(_reduction(run.spec.family, c["val_loss"]), 1e-6)
+    dacc = (o["val_acc"] - c["val_acc"]) if o.get("val_acc") is not None and c.get("val_acc") is not None else 0.0
+    if lost > HARM_LOSS or dacc < -HARM_ACC:
+        return "harmful", lost, dacc
+    if lost <= NEAR_LOSS and dacc >= -NEAR_ACC:
+        return "unharmed", lost, dacc
+    return "grey", lost, dacc
 
 
 # ------------------------------------------------------------------------------ onsets
@@ -226,7 +245,7 @@ def label_corpus(cache: Path, write: bool = True) -> dict[str, dict[str, Any]]:
         if spec.fault is None:
             lab["kind"] = clean_label(r, best)
             ref = best.get((spec.split, spec.family), {})
-            lab["best"] = {"val_loss": ref.get("val_loss"), "val_acc": ref.get("val_acc")}
+            lab["best"] = {"config": ref.get("config"), "same_seed": ref.get("by_seed", {}).get(spec.seed)}
         else:
             kind = plan.FAULTS_BY_NAME[spec.fault]
             twin = by_id.get(spec.twin or "")
@@ -237,7 +256,7 @@ def label_corpus(cache: Path, write: bool = True) -> dict[str, dict[str, Any]]:
                 continue
             verdict, rel, dacc = harm(r, twin)
             diverged = bool(r.outcome.get("diverged"))
-            lab.update({"harm": verdict, "delta_loss_rel": rel, "delta_acc": dacc, "diverged": diverged})
+            lab.update({"harm": verdict, "lost_reduction": rel, "delta_acc": dacc, "diverged": diverged})
             inject = int(spec.onset or 0)
             lab["inject_step"] = inject
             if kind.at_start:

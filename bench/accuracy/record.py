@@ -61,6 +61,15 @@ RECORDED_COLLECTIONS = (
 )
 
 
+def full_statistics() -> dict[str, Any]:
+    """``statistics="all"`` where the hook has that option (it computes every statistic,
+    not only what the configured rules read); older hooks compute all for explicit
+    collections anyway."""
+    import inspect
+
+    return {"statistics": "all"} if "statistics" in inspect.signature(trainguard.Hook).parameters else {}
+
+
 def recording_collections() -> list[Any]:
     cfg = SaveConfig(
         mode_save_configs={
@@ -326,6 +335,7 @@ def train_torch(spec: RunSpec, job_dir: Path) -> tuple[dict[str, Any], dict[str,
         include_collections=[*K.SCALAR_COLLECTIONS, *RECORDED_COLLECTIONS],
         collections=recording_collections(),
         stop_check_interval_s=0,
+        **full_statistics(),
     )
     hook.register_module(model)
     hook.register_loss(criterion)
@@ -503,6 +513,7 @@ def record(spec: RunSpec, cache: Path) -> Path:
             "outcome": outcome,
             "recorded": {
                 "format": stored.format,
+                "train_record_interval": 1 if spec.family == "xgboost" else plan.TRAIN_RECORD_INTERVAL,
                 "objects": stored.objects,
                 "steps": len(stored.steps),
                 "warnings": stored.warnings,

@@ -143,7 +143,14 @@ def _evidence(ev: Evaluation, profile: str, split: str, confs: list[RuleConf], l
         m = ev.metrics(profile, split, conf)
         if not m.misses and not m.clean_alarms:
             continue
-        lines = [f"**{conf.label}**: {m.fn} missed, {m.clean_alarms} false alarms on clean runs."]
+        reasons = Counter(j.reason for j in m.misses)
+        by_fault = Counter(f"{ev.labels[j.run_id]['fault']}" for j in m.misses)
+        where = ", ".join(f"{k} {v}" for k, v in sorted(m.fp_where.items())) or "none"
+        lines = [
+            f"**{conf.label}**: {m.fn} missed ({', '.join(f'{k} {v}' for k, v in reasons.most_common()) or 'none'}; "
+            f"by fault: {', '.join(f'{k} {v}' for k, v in by_fault.most_common()) or '—'}), "
+            f"{m.fp} false alarms ({where})."
+        ]
         for j in m.misses[:limit]:
             lab = ev.labels[j.run_id]
             spec = by_id[j.run_id].spec
@@ -151,7 +158,8 @@ def _evidence(ev: Evaluation, profile: str, split: str, confs: list[RuleConf], l
             lines.append(
                 f"- miss `{j.run_id}` ({spec.fault} grade {spec.grade}, {spec.params}, switched on at step "
                 f"{lab['inject_step']}, symptom from step {lab['onset_step']} ({lab['onset_method']}), "
-                f"outcome {_outcome(lab)}): {j.reason}{f' at step {j.alert}' if j.alert is not None else ''}: {saw}"
+                f"outcome {_outcome(lab)}; {_saves_after(profile, lab['onset_step'])} saved tensor steps after it): "
+                f"{j.reason}{f' at step {j.alert}' if j.alert is not None else ''}: {saw}"
             )
         if len(m.misses) > limit:
             lines.append(
@@ -166,13 +174,19 @@ def _evidence(ev: Evaluation, profile: str, split: str, confs: list[RuleConf], l
     return "\n\n".join(out)
 
 
+def _saves_after(profile: str, onset: int) -> int:
+    """TRAIN steps with tensor statistics the profile saves from ``onset`` to the run's end."""
+    interval = delay_budget({p.name: p for p in profiles()}[profile]) // 2
+    return len(range(-(-onset // interval) * interval, plan.STEPS, interval))
+
+
 def _outcome(lab: dict[str, Any]) -> str:
     if lab.get("diverged"):
         return "diverged"
-    rel, dacc = lab.get("delta_loss_rel"), lab.get("delta_acc")
-    if rel is None:
+    lost, dacc = lab.get("lost_reduction"), lab.get("delta_acc")
+    if lost is None:
         return lab.get("harm", "?")
-    return f"val loss {rel:+.0%}, accuracy {dacc:+.3f} vs twin"
+    return f"{lost:+.0%} of the twin's loss reduction lost, accuracy {dacc:+.3f}"
 
 
 def _defaults_table(ev: Evaluation) -> str:
@@ -281,13 +295,15 @@ step in 10-70% of the run, initialisation and XGBoost configuration faults at st
 
 ## How runs are labelled (cause and outcome; no rule is consulted)
 
-- **Clean**: a sweep run whose final validation loss is within {labelling.CLEAN_MARGIN:.0%} of
-  its family's best configuration (mean over the split's seeds) and whose accuracy is within
-  {labelling.CLEAN_ACC_POINTS * 100:.0f} points. Other sweep runs are *suboptimal* and not scored.
+- Losses are compared by the learning they keep: the reduction of the final validation loss
+  below chance, ln(classes).
+- **Clean**: a sweep run that keeps at least {1 - labelling.CLEAN_MARGIN:.0%} of the reduction reached by its
+  family's best configuration (lowest mean final validation loss over the split's seeds) on the
+  same seed, with accuracy within {labelling.CLEAN_ACC_POINTS * 100:.0f} points. Other sweep runs are *suboptimal* and not scored.
 - **Faulty**: compared with its clean twin (same configuration and seed; identical until the
-  switch-on). *Harmful* when it diverged, or its final validation loss is > {labelling.HARM_LOSS:.0%}
-  above the twin's, or its accuracy > {labelling.HARM_ACC * 100:.0f} points below; a *near-miss*
-  (a negative) when within {labelling.NEAR_LOSS:.0%} and {labelling.NEAR_ACC * 100:.0f} point; otherwise grey (not scored).
+  switch-on). *Harmful* when it diverged, or lost more than {labelling.HARM_LOSS:.0%} of the twin's
+  reduction, or more than {labelling.HARM_ACC * 100:.0f} accuracy points; a *near-miss* (a negative) when it lost at most
+  {labelling.NEAR_LOSS:.0%} and {labelling.NEAR_ACC * 100:.0f} point; otherwise grey (not scored).
 - **Who should fire**: on a harmful run, the rules whose documented purpose is that cause
   (table above); rules listed as tolerated may fire without a false alarm (a consequence,
   e.g. the loss stops decreasing after the learning rate went to 0); on a diverged run any

@@ -22,6 +22,7 @@ from trainguard.hook.xgboost_support import FEATURE_IMPORTANCE, TREES, Trainguar
 
 from bench.accuracy import plan
 from bench.accuracy.plan import RunSpec, XgbConfig
+from bench.accuracy.record import full_statistics
 from bench.accuracy.tasks import tabular_latent
 
 N_TRAIN, N_VAL = 400, 1000
@@ -76,6 +77,7 @@ def train_xgboost(spec: RunSpec, job_dir: Path) -> tuple[dict[str, Any], dict[st
         include_collections=list(XGB_COLLECTIONS),
         collections=[Collection(name, every) for name in XGB_COLLECTIONS],
         stop_check_interval_s=0,
+        **full_statistics(),
     )
     evals = [(dtrain, "train"), (dval, "validation")]
     log: dict[str, Any] = {}
