@@ -136,7 +136,11 @@ def harm(run: Run, twin: Run) -> tuple[str, float | None, float | None]:
     if o.get("diverged") or o["val_loss"] is None or not math.isfinite(o["val_loss"]):
         return "harmful", None, None
     lost = (o["val_loss"] - c["val_loss"]) / max(_reduction(run.spec.family, c["val_loss"]), 1e-6)
-    dacc = (o["val_acc"] - c["val_acc"]) if o.get("val_acc") is not None and c.get("val_acc") is not None else 0.0
+    dacc = (
+        (o["val_acc"] - c["val_acc"])
+        if o.get("val_acc") is not None and c.get("val_acc") is not None
+        else 0.0
+    )
     if lost > HARM_LOSS or dacc < -HARM_ACC:
         return "harmful", lost, dacc
     if lost <= NEAR_LOSS and dacc >= -NEAR_ACC:
