@@ -144,13 +144,13 @@ class RuleInput:
             quoted = ", ".join(repr(c) for c in wanted)
             plural = "s" if len(wanted) > 1 else ""
             hints.append(f"include the {quoted} collection{plural} (include_collections=[..., {quoted}])")
-        if self.regex:
+        if self.regex and not self.collections:
             hints.append(f"save tensors whose names match {', '.join(repr(r) for r in self.regex)}")
-        if self.modes:
-            hints.append(f"in {'/'.join(self.modes)} mode (hook.set_mode)")
-        if not hints:
-            hints.append("save them with the hook")
-        return " or ".join(hints[:2]) + ("; " + "; ".join(hints[2:]) if hints[2:] else "")
+        text = " or ".join(hints) if hints else "save them with the hook"
+        if self.modes and set(self.modes) != {"TRAIN", "EVAL", "GLOBAL"}:
+            modes = "/".join(self.modes)
+            text += f", in {modes} mode (hook.set_mode('{self.modes[0]}') around that loop)"
+        return text
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,26 @@ class Coverage:
             return f"{rule} saw no {names} {where}: the hook saved none; {first.how_to_save()}."
         reason = self.reason or "none of the inputs it reads arrived"
         return f"{rule} {self.verb} no {self.unit} {where}: {reason}."
+
+
+def merge_coverage(items: Sequence[Coverage | None]) -> Coverage | None:
+    """One coverage for a rule judged in parts (a profiler rule's per-worker states).
+
+    Complete when any part is complete: a job's workers are judged together.
+    """
+    known = [c for c in items if c is not None]
+    if not known:
+        return None
+    complete = [c for c in known if c.complete]
+    first = complete[0] if complete else known[0]
+    return Coverage(
+        sum(c.checked for c in known),
+        first.unit,
+        first.verb,
+        () if complete else first.missing,
+        first.skipped,
+        first.reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -280,6 +300,12 @@ class StepData:
                         or (patterns is not None and any(p.match(name) for p in patterns))
                     ):
                         yield TensorView(name, m, header.worker, tensor)
+
+    def select(self, item: RuleInput) -> Iterator[TensorView]:
+        """The tensors a (tensor) ``RuleInput`` selects, in every worker and mode it names."""
+        for view in self.tensors(None, item.collections or None, item.regex or None):
+            if not item.modes or view.mode in item.modes:
+                yield view
 
     def scalars(
         self, mode: Mode | None = None, collection: str | None = None
@@ -370,7 +396,8 @@ class Rule(ABC, Generic[C, S]):
         checked and no ``reason`` is given, every input that never arrived is named as missing.
         """
         inputs = self.reads()
-        counts = [0] * len(inputs) if received is None else list(received)
+        # without counters, whatever was checked stands for every input
+        counts = [checked] * len(inputs) if received is None else list(received)
         if len(counts) != len(inputs):
             raise ValueError(f"{self.name}: {len(counts)} counters for {len(inputs)} inputs")
         absent = [i for i, n in zip(inputs, counts, strict=True) if n == 0]

@@ -99,11 +99,13 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
 
     def update(self, state: ClassImbalanceState, step: StepData) -> tuple[ClassImbalanceState, list[Finding]]:
         cfg = self.config
+        labels_input, predictions_input = self.reads()
         seen = False
         for header in step.workers:
             for mode in header.modes:
                 labels_view = next(
-                    (v for v in step.tensors(mode, regex=cfg.labels_regex) if v.worker == header.worker), None
+                    (v for v in step.select(labels_input) if v.worker == header.worker and v.mode == mode),
+                    None,
                 )
                 if labels_view is None:
                     continue
@@ -114,8 +116,8 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
                 preds_view = next(
                     (
                         v
-                        for v in step.tensors(mode, regex=cfg.predictions_regex)
-                        if v.worker == header.worker and v.name != labels_view.name
+                        for v in step.select(predictions_input)
+                        if v.worker == header.worker and v.mode == mode and v.name != labels_view.name
                     ),
                     None,
                 )

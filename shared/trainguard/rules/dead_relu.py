@@ -34,8 +34,9 @@ class DeadRelu(Rule[DeadReluConfig, DeadReluState]):
     """Fires when, in one layer, more than ``threshold_layer`` % of the units are dead.
 
     Reads ``stats.unit_active`` (per unit: the fraction of the batch's samples in which the
-    unit is > 0) of tensors matching ``tensor_regex``. A unit is dead when it is active in
-    less than ``threshold_inactivity`` % of the samples.
+    unit is > 0) of tensors matching ``tensor_regex`` (with the default regex, also every
+    tensor of the hook's ``relu_output`` collection, which that regex stands for). A unit is
+    dead when it is active in less than ``threshold_inactivity`` % of the samples.
 
     Choices: each step, worker and layer is judged on its own batch (no accumulation across
     steps, so one unlucky batch of a tiny size can fire; the hook reports ``samples``);
@@ -67,7 +68,7 @@ class DeadRelu(Rule[DeadReluConfig, DeadReluState]):
 
     def update(self, state: DeadReluState, step: StepData) -> tuple[DeadReluState, list[Finding]]:
         cfg = self.config
-        for view in step.tensors(regex=cfg.tensor_regex):
+        for view in step.select(self.reads()[0]):
             state.tensors_seen += 1
             stats = view.stats
             if stats is None or not stats.unit_active:

@@ -88,7 +88,7 @@ class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightIn
         for worker in step.workers:
             variances = [
                 (v.name, v.stats.std**2)
-                for v in step.tensors(regex=cfg.activation_inputs_regex)
+                for v in step.select(self.reads()[0])
                 if v.worker == worker.worker
                 and v.stats is not None
                 and v.stats.numel is not None
