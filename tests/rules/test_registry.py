@@ -71,7 +71,13 @@ def test_every_rule_is_well_formed() -> None:
 
 
 #: rules whose state holds a container; their state-size test must run LONG (100,000) steps
-CONTAINER_STATES = {"LossNotDecreasing", "UnchangedTensor", "WeightUpdateRatio", "ClassImbalance"}
+CONTAINER_STATES = {
+    "LossNotDecreasing",
+    "UnchangedTensor",
+    "WeightUpdateRatio",
+    "ClassImbalance",
+    "Confusion",
+}
 #: TrainingClock is two scalars (the clock every window counts on)
 SCALARS = (int, float, bool, str, int | None, float | None, str | None, bool | None, TrainingClock)
 
