@@ -275,7 +275,8 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
                     at,
                     f"{self.name}: class {c} is recalled in {fmt(recall[c])} of its {rows[c]} samples "
                     f"(at most {fmt(upper)} at z=3 confidence), below {fmt(factor)} x the other classes' "
-                    f"mean recall = {fmt(bar)}; it is most often predicted as {worst} (relative test) {where}.",
+                    f"mean recall = {fmt(bar)}; it is most often predicted as {worst} (relative test) "
+                    f"{where}.",
                     tensor=self.config.labels,
                     value=recall[c],
                     threshold=bar,
