@@ -6,7 +6,6 @@ Not a rule module (it defines no ``Rule`` subclass), so the registry guard ignor
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
@@ -14,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from trainguard.format.documents import Mode, TensorStats
 from trainguard.rules.base import RuleInput, StepData, TensorView, compiled
+from trainguard.rules.regex import RegexError
 
 #: SageMaker's order when a rule's ``mode`` is None: EVAL, else TRAIN, else GLOBAL
 MODE_PRIORITY: tuple[Mode, ...] = ("EVAL", "TRAIN", "GLOBAL")
@@ -54,10 +54,11 @@ def _check_regexes(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 
 def _check_regex(pattern: str) -> str:
+    """A job's pattern must compile for bounded-time matching (``trainguard.rules.regex``)."""
     try:
         compiled(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    except RegexError as exc:
+        raise ValueError(str(exc)) from None
     return pattern
 
 

@@ -18,16 +18,15 @@ stored in one DynamoDB item with every other rule of the job.
 from __future__ import annotations
 
 import math
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from trainguard.format.documents import Mode, ScalarRecord, StepHeader, TensorRecord, TensorStats
+from trainguard.rules.regex import Matcher, compile_bounded
 
 MODES: tuple[Mode, ...] = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
 
@@ -328,7 +327,7 @@ class StepData:
 
         Losses are scalars in the ``losses`` collection, or scalars whose name matches ``regex``.
         """
-        pattern = re.compile(regex) if regex else None
+        pattern = compiled(regex) if regex else None
         values = [
             s.value
             for _, name, _, s in self.scalars(mode)
@@ -338,16 +337,16 @@ class StepData:
         return sum(values) / len(values) if values else None
 
 
-def _compile(regex: str | Sequence[str] | None) -> list[re.Pattern[str]] | None:
+def _compile(regex: str | Sequence[str] | None) -> list[Matcher] | None:
     if regex is None:
         return None
     items = [regex] if isinstance(regex, str) else list(regex)
     return [compiled(r) for r in items] if items else None
 
 
-@lru_cache(maxsize=256)
-def compiled(regex: str) -> re.Pattern[str]:
-    return re.compile(regex)
+def compiled(regex: str) -> Matcher:
+    """A job's pattern, compiled for bounded-time ``match`` (``trainguard.rules.regex``)."""
+    return compile_bounded(regex)
 
 
 C = TypeVar("C", bound=RuleConfig)
