@@ -25,7 +25,7 @@ from typing import Any
 from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
 from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
-from trainguard.rules.base import Finding, Rule, StepData
+from trainguard.rules.base import Coverage, Finding, Rule, StepData, merge_coverage
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
 from trainguard.rules.profiler.base import ProfilerRule
 
@@ -324,31 +324,53 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
             continue
         configured = rules.get(record.name)
         findings: list[Finding] = []
+        coverage: Coverage | None = None
         if configured is not None and configured.rule is not None:
             rule = configured.rule
             try:
                 if rule.kind == "profiler":
+                    covered: list[Coverage | None] = []
                     for worker in sorted(record.worker_states):
-                        findings += rule.finish(rule.load_state(record.worker_states[worker]))
+                        worker_state = rule.load_state(record.worker_states[worker])
+                        findings += rule.finish(worker_state)
+                        covered.append(rule.coverage(worker_state))
+                    coverage = merge_coverage(covered) if covered else rule.coverage(rule.initial_state())
                 else:
-                    findings = rule.finish(rule.load_state(record.state))
+                    rule_state = rule.load_state(record.state)
+                    findings = rule.finish(rule_state)
+                    coverage = rule.coverage(rule_state)  # after finish: it may judge a last window
             except Exception as exc:
                 _set_status(
                     out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now
                 )
                 continue
+        steps = state.steps_evaluated
         if findings:
             _fire(out, record, findings[0], now)
         elif state.stopped or state.stop_requested:
             _set_status(
                 out, record, "Stopped", "The training job was stopped before the rule found issues.", now
             )
+        elif coverage is not None and not coverage.complete:
+            # a rule that never received what it reads has not checked the job: never a pass
+            _set_status(
+                out, record, "Error", f"RuleInputMissing: {coverage.starved(record.rule, steps)}", now
+            )
+        elif coverage is not None:
+            _set_status(
+                out,
+                record,
+                "NoIssuesFound",
+                f"NoIssuesFound: the rule {record.rule} {coverage.summary()} in {steps:,} steps "
+                f"(last step {state.watermark}) without finding issues.",
+                now,
+            )
         else:
             _set_status(
                 out,
                 record,
                 "NoIssuesFound",
-                f"NoIssuesFound: the rule {record.rule} evaluated {state.steps_evaluated} steps "
+                f"NoIssuesFound: the rule {record.rule} evaluated {steps} steps "
                 f"(last step {state.watermark}) without finding issues.",
                 now,
             )
