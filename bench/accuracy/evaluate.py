@@ -83,7 +83,37 @@ def _score_run(
     return run.run_id, profile_name, verdicts(run, profile, confs, cache, fp)
 
 
+def _replay_all(
+    items: list[tuple[str, str, list[dict[str, Any]], str]],
+    workers: int,
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]],
+) -> None:
+    def take(result: tuple[str, str, dict[str, dict[str, Any]]]) -> None:
+        run_id, profile_name, v = result
+        out[profile_name].setdefault(run_id, {}).update(v)
+
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers) as pool:
+            for i, result in enumerate(pool.imap_unordered(_score_run, items, chunksize=2), 1):
+                take(result)
+                if i % 50 == 0:
+                    print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
+    else:
+        for i, item in enumerate(items, 1):
+            take(_score_run(item))
+            if i % 50 == 0:
+                print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
+
+
+def _raw(confs: Iterable[RuleConf]) -> list[dict[str, Any]]:
+    return [{"label": c.label, "rule": c.rule, "params": [list(p) for p in c.params]} for c in confs]
+
+
 def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Evaluation:
+    """Pass 1: the dev split with every candidate (trainguard profile). Choose. Pass 2: the
+    test split with each rule's default and choice, and both splits under SageMaker's profile
+    with the defaults (and the choices)."""
     started = time.perf_counter()
     labels = labelling.label_corpus(cache)
     runs = load_runs(cache)
@@ -92,30 +122,27 @@ def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Eval
     if only_defaults:
         confs = {rule: cs[:1] for rule, cs in confs.items()}
     fp = fingerprint()
-    items = []
-    for run in runs:
-        lab = labels[run.run_id]
-        if lab.get("kind") == "suboptimal" or lab.get("harm") in ("grey", "no-twin"):
-            continue
-        mine = [
-            {"label": c.label, "rule": c.rule, "params": [list(p) for p in c.params]}
-            for c in _confs_for(run, confs)
-        ]
-        for profile in profiles():
-            items.append((str(run.root), profile.name, mine, fp))
+    scored = [
+        r
+        for r in runs
+        if labels[r.run_id].get("kind") != "suboptimal"
+        and labels[r.run_id].get("harm") not in ("grey", "no-twin")
+    ]
     out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {p.name: {} for p in profiles()}
-    if workers > 1:
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(workers) as pool:
-            results = pool.imap_unordered(_score_run, items, chunksize=4)
-            for i, (run_id, profile_name, v) in enumerate(results, 1):
-                out[profile_name][run_id] = v
-                if i % 50 == 0:
-                    print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
-    else:
-        for i, item in enumerate(items, 1):
-            run_id, profile_name, v = _score_run(item)
-            out[profile_name][run_id] = v
-            if i % 50 == 0:
-                print(f"scored {i}/{len(items)}", file=sys.stderr, flush=True)
-    return Evaluation(runs, labels, confs, out, fp, skipped, time.perf_counter() - started)
+    dev = [r for r in scored if r.spec.split == "dev"]
+    _replay_all([(str(r.root), "trainguard", _raw(_confs_for(r, confs)), fp) for r in dev], workers, out)
+    ev = Evaluation(runs, labels, confs, out, fp, skipped)
+    chosen = {rule: ev.conf_by_label(ev.chosen(rule).label) for rule in confs}
+    final = {
+        rule: [cs[0], *([chosen[rule]] if chosen[rule].key != cs[0].key else [])]
+        for rule, cs in confs.items()
+    }
+    items = []
+    for r in scored:
+        mine = _raw(_confs_for(r, final))
+        if r.spec.split != "dev":
+            items.append((str(r.root), "trainguard", mine, fp))
+        items.append((str(r.root), "sagemaker", mine, fp))
+    _replay_all(items, workers, out)
+    ev.seconds = time.perf_counter() - started
+    return ev
