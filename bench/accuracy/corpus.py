@@ -20,6 +20,7 @@ objects, chained by ``prev_step`` like a real writer's.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from collections.abc import Callable, Iterator
@@ -191,7 +192,7 @@ def load_runs(cache: Path) -> list[Run]:
 
 
 # ------------------------------------------------------------------------------ emulation
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SaveProfile:
     """A save configuration to emulate: each collection's schedule, as the hook would apply it."""
 
@@ -211,11 +212,16 @@ class SaveProfile:
 
     def due(self, collections: list[str], mode: str, mode_step: int) -> int | None:
         """The interval of the first collection due at this mode step, or None if none is."""
-        for name in collections:
-            cfg = self.config(name).get_save_config(ModeKeys(mode))
-            if cfg.should_save(mode_step):
-                return cfg.interval
-        return None
+        return _due(self, tuple(collections), mode, mode_step)
+
+
+@functools.lru_cache(maxsize=65536)
+def _due(profile: SaveProfile, collections: tuple[str, ...], mode: str, mode_step: int) -> int | None:
+    for name in collections:
+        cfg = profile.config(name).get_save_config(ModeKeys(mode))
+        if cfg.should_save(mode_step):
+            return cfg.interval
+    return None
 
 
 def trainguard_default() -> SaveProfile:
@@ -362,9 +368,7 @@ class EmulatedJob:
         return {"mode_step": m, "scalars": scalars, "tensors": tensors}
 
     def _wants_unrecorded(self, mode_step: int) -> bool:
-        from bench.accuracy.record import RECORDED_COLLECTIONS
-
-        return self.profile.due(list(RECORDED_COLLECTIONS), "TRAIN", mode_step) is not None
+        return self.profile.due(list(plan.RECORDED_COLLECTIONS), "TRAIN", mode_step) is not None
 
     # JobSource
     def objects(self) -> Iterator[ObjectRef]:

@@ -39,6 +39,20 @@ EVAL_BATCHES = 4
 #: XGBoost boosting rounds
 XGB_ROUNDS = 120
 
+#: tensor collections the recording saves (with their built-in reductions, plus update norms)
+RECORDED_COLLECTIONS = (
+    "weights",
+    "biases",
+    "gradients",
+    "relu_output",
+    "relu_input",
+    "tanh_input",
+    "sigmoid_input",
+    "inputs",
+    "labels",
+    "predictions",
+)
+
 TORCH_FAMILIES = ("tabular", "cnn", "lstm", "transformer", "resnet")
 DEV_FAMILIES = ("tabular", "cnn", "lstm", "transformer", "xgboost")
 HELD_OUT_FAMILIES = ("resnet",)

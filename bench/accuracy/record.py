@@ -47,18 +47,7 @@ from bench.accuracy.tasks import cosine, make_dataset, make_model, weight_layers
 SIMULATED_INTERVALS = (20, 50, 100, 500)
 
 #: tensor collections recorded (with their built-in reductions, plus update norms)
-RECORDED_COLLECTIONS = (
-    K.WEIGHTS,
-    K.BIASES,
-    K.GRADIENTS,
-    K.RELU_OUTPUT,
-    K.RELU_INPUT,
-    K.TANH_INPUT,
-    K.SIGMOID_INPUT,
-    K.INPUTS,
-    K.LABELS,
-    K.PREDICTIONS,
-)
+RECORDED_COLLECTIONS = plan.RECORDED_COLLECTIONS
 
 
 def full_statistics() -> dict[str, Any]:
