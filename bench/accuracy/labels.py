@@ -27,7 +27,9 @@ first training step at or after it where one of the fault's signals (the bench's
 per-step measurements, ``record.py``) differs from the twin's by at least ``EFFECT`` robust
 standard deviations of the twin's own fluctuation (1.4826 x the median absolute deviation
 of the twin's signal around its 11-step running median; for evaluation signals, of its
-successive differences), sustained for ``SUSTAIN`` consecutive measurements. A harmful run
+successive differences), sustained for ``SUSTAIN`` consecutive measurements. Per-batch
+signals (loss, label shares, input statistics, padding share) are first averaged over a
+trailing ``SMOOTH_STEPS``-step window, so batch noise does not hide a shift. A harmful run
 without such a step keeps the switch-on step (reported as a fallback). Detection delay is
 the alert's training step minus the symptom's onset.
 """
@@ -150,6 +152,9 @@ def harm(run: Run, twin: Run) -> tuple[str, float | None, float | None]:
 
 # ------------------------------------------------------------------------------ onsets
 _LOG_SIGNALS = {"gnorm", "gfirst", "upd", "wvar", "xstd"}
+#: per-batch signals whose batch-to-batch noise would hide a shift: a trailing mean first
+_SMOOTHED = {"loss", "ymax", "yconf", "xmean", "xstd", "pad"}
+SMOOTH_STEPS = 10
 
 
 def _series(run: Run, name: str) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -180,7 +185,18 @@ def _series(run: Run, name: str) -> tuple[np.ndarray, np.ndarray, bool]:
             vals = np.log10(np.maximum(vals, 1e-30))
     if name == "xmean":
         vals = np.abs(vals)
+    if name in _SMOOTHED:
+        vals = _trailing_mean(vals, SMOOTH_STEPS)
     return np.arange(len(vals)), vals, False
+
+
+def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    out = np.empty_like(values)
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        finite = chunk[np.isfinite(chunk)]
+        out[i] = finite.mean() if len(finite) == len(chunk) else np.nan
+    return out
 
 
 def _robust_scale(values: np.ndarray, is_eval: bool) -> float:

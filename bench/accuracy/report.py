@@ -315,7 +315,8 @@ step in 10-70% of the run, initialisation and XGBoost configuration faults at st
   dead-unit share, input statistics, label shares, padding share, train-validation gap)
   differs from the twin's by ≥ {labelling.EFFECT:g} robust standard deviations of the twin's own
   fluctuation (1.4826 x MAD around an 11-step running median), for {labelling.SUSTAIN} consecutive
-  measurements ({labelling.SUSTAIN_EVAL} evaluations); without such a step, the switch-on step.
+  measurements ({labelling.SUSTAIN_EVAL} evaluations); per-batch signals are first averaged over a trailing
+  {labelling.SMOOTH_STEPS}-step window. Without such a step, the switch-on step (a fallback, counted in the table below).
   Delay = alert step - onset, in training steps (an alert between switch-on and onset counts 0).
 - Applicability: CheckInputImages is scored on image families, NLPSequenceRatio on sequence
   families, the tree rules on XGBoost, the other rules on the PyTorch families.
