@@ -237,6 +237,28 @@ def trainguard_default() -> SaveProfile:
     )
 
 
+def trainguard_eval_every_step() -> SaveProfile:
+    """trainguard's defaults, except that every EVAL step is saved (labels, predictions...)."""
+    from trainguard.hook.config import SaveConfigMode
+
+    configs = {}
+    for name in (*plan.RECORDED_COLLECTIONS, *CollectionKeys.SCALAR_COLLECTIONS):
+        built_in = default_collection(name).save_config
+        assert built_in is not None
+        configs[name] = SaveConfig(
+            mode_save_configs={
+                ModeKeys.TRAIN: built_in.get_save_config(ModeKeys.TRAIN),
+                ModeKeys.EVAL: SaveConfigMode(save_interval=1),
+            }
+        )
+    return SaveProfile(
+        "trainguard-eval1",
+        "trainguard's defaults with every collection saved at every EVAL step (evaluations are a few "
+        "batches; the rules that judge EVAL data need them)",
+        configs,
+    )
+
+
 def sagemaker_default() -> SaveProfile:
     every = SaveConfig(save_interval=500)
     return SaveProfile(

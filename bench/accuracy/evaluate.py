@@ -11,13 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from bench.accuracy import labels as labelling
-from bench.accuracy.corpus import Run, SaveProfile, load_runs, sagemaker_default, trainguard_default
+from bench.accuracy.corpus import (
+    Run,
+    SaveProfile,
+    load_runs,
+    sagemaker_default,
+    trainguard_default,
+    trainguard_eval_every_step,
+)
 from bench.accuracy.score import Metrics, RuleConf, fingerprint, score, verdicts
 from bench.accuracy.tune import candidate_confs, choose
 
 
 def profiles() -> list[SaveProfile]:
-    return [trainguard_default(), sagemaker_default()]
+    """trainguard's defaults, SageMaker's, and trainguard's with every EVAL step saved."""
+    return [trainguard_default(), sagemaker_default(), trainguard_eval_every_step()]
 
 
 def delay_budget(profile: SaveProfile) -> int:
@@ -143,6 +151,7 @@ def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Eval
         if r.spec.split != "dev":
             items.append((str(r.root), "trainguard", mine, fp))
         items.append((str(r.root), "sagemaker", mine, fp))
+        items.append((str(r.root), "trainguard-eval1", mine, fp))
     _replay_all(items, workers, out)
     ev.seconds = time.perf_counter() - started
     return ev

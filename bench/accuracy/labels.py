@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,9 @@ def _series(run: Run, name: str) -> tuple[np.ndarray, np.ndarray, bool]:
         return np.array(steps), np.array(vals, float), True
     if name == "lossvar":
         loss = np.array([np.nan if v is None else v for v in sig["loss"]], float)
-        vals = np.array([np.nanstd(loss[max(0, t - 9) : t + 1]) for t in range(len(loss))])
+        with warnings.catch_warnings():  # an all-NaN window (a diverged run) is NaN, as meant
+            warnings.simplefilter("ignore", RuntimeWarning)
+            vals = np.array([np.nanstd(loss[max(0, t - 9) : t + 1]) for t in range(len(loss))])
         return np.arange(len(loss)), vals, False
     raw = sig.get(name)
     if raw is None:

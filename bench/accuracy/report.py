@@ -240,7 +240,7 @@ def _candidates_appendix(ev: Evaluation) -> str:
 
 def render(ev: Evaluation, meta: dict[str, Any]) -> str:
     defaults = [ev.confs[r][0] for r in SCORED_RULES]
-    tg, sm = profiles()
+    tg, sm, eval1 = profiles()
     budget = delay_budget(tg)
     test_metrics = [ev.metrics("trainguard", "test", c) for c in defaults]
     met = [m.label for m in test_metrics if m.all_met(budget)]
@@ -335,6 +335,15 @@ Positives per rule on the test split: {_positives_table(ev, "test")}
 first evaluation step only.
 
 {_table(ev, "sagemaker", "test", defaults)}
+
+## Test split, trainguard's defaults with every EVAL step saved, rules at their defaults
+
+{eval1.description}. Not a shipped configuration: it shows what the rules that judge
+evaluation data (Confusion, ClassImbalance's misprediction branch, Overfit's EVAL losses are
+saved every step already) would see if the hook saved labels and predictions at every EVAL
+step, which costs little because evaluations are short.
+
+{_table(ev, "trainguard-eval1", "test", defaults)}
 
 ## Defaults the dev split supports
 

@@ -89,11 +89,19 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
         {"large_threshold": 1},
         {"small_threshold": 1e-6, "large_threshold": 1},
     ],
-    "AllZero": [{"collection_names": "weights,biases,gradients"}, {"collection_names": "weights,biases"}],
+    "AllZero": [
+        {"collection_names": "weights,biases,gradients"},
+        {"collection_names": "weights,biases"},
+        {"collection_names": "weights,gradients"},
+        {"collection_names": "weights"},
+    ],
     "UnchangedTensor": [{"collection_names": "weights,biases"}, {"num_steps": 5}],
     "TensorVariance": [
-        {"collection_names": "weights", "min_threshold": lo, "max_threshold": hi}
-        for lo, hi in itertools.product((1e-6, 1e-4), (10, 100))
+        *(
+            {"collection_names": "weights", "min_threshold": lo, "max_threshold": hi}
+            for lo, hi in itertools.product((1e-6, 1e-4), (10, 100))
+        ),
+        {"collection_names": "gradients", "min_threshold": 1e-12},
     ],
     "ClassImbalance": [
         {"argmax": True},
