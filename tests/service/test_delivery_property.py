@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 from trainguard.engine.replay import replay
-from trainguard.engine.service import PermanentError
 from trainguard.engine.sources import LocalJob
-from trainguard.engine.store import VersionConflict
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.service.pipeline import PermanentError
+from trainguard.service.state_store import VersionConflict
 
 
 @st.composite
