@@ -81,8 +81,10 @@ class WindowRules:
             raise ValueError(f"window_s must be a positive number of seconds, got {self.window_s!r}")
         if self.max_steps is not None and not 1 <= self.max_steps <= MAX_SEGMENT_STEPS:
             raise ValueError(f"max_steps must be in 1..{MAX_SEGMENT_STEPS}, got {self.max_steps!r}")
-        if self.header_target_bytes < 1024:
-            raise ValueError("header_target_bytes must be at least 1024")
+        if not 1024 <= self.header_target_bytes <= stepfile.MAX_HEADER_BYTES - _SEGMENT_OVERHEAD_BYTES:
+            raise ValueError(
+                f"header_target_bytes must be in 1024..{stepfile.MAX_HEADER_BYTES - _SEGMENT_OVERHEAD_BYTES}"
+            )
 
 
 @dataclass(frozen=True)
