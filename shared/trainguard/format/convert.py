@@ -172,6 +172,13 @@ class SegmentWriter:
             closed.append(self._close(reason))
         return closed
 
+    def poll(self, now: float) -> ClosedSegment | None:
+        """Close the window if its time ran out by ``now`` though no new step came (a live writer's timer)."""
+        window = self.rules.window_s
+        if self._steps and window is not None and now - self._steps[0].wall_time >= window:
+            return self._close("time", closed_at=self._steps[0].wall_time + window)
+        return None
+
     def close(self) -> ClosedSegment | None:
         """Close the open window (``reason="close"``); None when it holds no step."""
         return self._close("close") if self._steps else None
