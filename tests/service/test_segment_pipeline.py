@@ -201,3 +201,60 @@ def test_a_record_naming_another_bucket_is_refused_not_judged(aws):
 def test_keys_outside_the_ascii_layout_are_refused_with_a_reason(aws, relative):
     with pytest.raises(PermanentError, match="outside the trainguard layout"):
         aws.service().ingest(aws.bucket, f"jobs/odd/{relative}")
+
+
+def test_replay_of_a_version_2_job_in_s3_equals_the_version_1_job(aws, tmp_path):
+    from trainguard.engine.replay import replay
+    from trainguard.engine.sources import LocalJob
+    from trainguard.service.s3_objects import S3Job
+
+    job = SyntheticJob("s3-v2", world_size=2, steps=list(range(0, 60, 2)), nan_steps=frozenset({40}))
+    v1 = job.objects()
+    aws.put_job("s3-v2", convert_objects(v1, {0: by_steps(5), 1: WindowRules(window_s=0.07)}))
+    for rel, body in v1.items():
+        (tmp_path / "s3-v2" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "s3-v2" / rel).write_bytes(body)
+    live = replay(S3Job.from_uri(f"s3://{aws.bucket}/jobs/s3-v2", aws.s3))
+    local = replay(LocalJob.open(tmp_path / "s3-v2"))
+    assert [(r.name, r.status, r.step, r.details) for r in live.state.rules] == [
+        (r.name, r.status, r.step, r.details) for r in local.state.rules
+    ]
+    assert live.state.rule("ExplodingTensor").step == 40 and not live.warnings
+
+
+@pytest.mark.slow
+def test_local_mode_judges_a_nan_segment_and_stops_the_job_with_the_real_handlers():
+    import json
+
+    from trainguard.local.runtime import LocalCloud
+    from trainguard.service import clients
+
+    rules = [
+        {
+            "RuleConfigurationName": "nan-check",
+            "RuleParameters": {"rule_to_invoke": "ExplodingTensor"},
+            "Actions": ["Email", "StopTraining"],
+        }
+    ]
+    job = SyntheticJob("seg-nan", world_size=2, steps=list(range(40)), nan_steps=frozenset({23}), rules=rules)
+    v2 = convert_objects(job.objects(), {0: by_steps(6), 1: WindowRules(window_s=0.15)})
+    with LocalCloud(name="tg-seg") as cloud:
+        s3 = clients.client("s3")
+        for rel, body in ordered_items(v2):
+            s3.put_object(Bucket=cloud.resources.bucket, Key=f"jobs/seg-nan/{rel}", Body=body)
+        assert cloud.wait_idle(60)
+        fired = [
+            e["detail"]
+            for e in cloud.events
+            if e["detail"].get("RuleEvaluationStatus") == "IssuesFound"
+            and e["detail"]["TrainingJobName"] == "seg-nan"
+        ]
+        assert [(d["RuleConfigurationName"], d["Step"]) for d in fired] == [("nan-check", 23)]
+        assert len([n for n in cloud.sent_notifications() if "seg-nan" in n["subject"]]) == 1
+        stop = s3.get_object(Bucket=cloud.resources.bucket, Key="jobs/seg-nan/control/stop.json")
+        assert json.loads(stop["Body"].read())["rule"] == "nan-check"
+        assert not cloud.errors and not cloud.dlq_messages()
+
+
+def ordered_items(objects: dict[str, bytes]) -> list[tuple[str, bytes]]:
+    return [(k, objects[k]) for k in ordered(list(objects))]
