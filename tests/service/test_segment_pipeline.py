@@ -258,3 +258,28 @@ def test_local_mode_judges_a_nan_segment_and_stops_the_job_with_the_real_handler
 
 def ordered_items(objects: dict[str, bytes]) -> list[tuple[str, bytes]]:
     return [(k, objects[k]) for k in ordered(list(objects))]
+
+
+def test_a_step_buffered_by_an_earlier_trainguard_with_its_header_is_still_evaluated(aws):
+    import zlib
+
+    from trainguard.format import documents as d
+
+    job = SyntheticJob("upgrade", steps=[0, 1], nan_steps=frozenset({1}))
+    objects = job.objects()
+    keys = ordered(aws.put_job("upgrade", objects))
+    service = aws.service()
+    service.handle_object(aws.bucket, keys[0])  # the manifest
+    header, _ = d.decode_step_header(objects[layout.step_key(0, 0)])
+    aws.ddb.put_item(  # what the previous version buffered: the header itself, zlib JSON
+        TableName=aws.table,
+        Item={
+            "pk": {"S": pk("upgrade")},
+            "sk": {"S": "STEP#000000000000#00000"},
+            "hdr": {"B": zlib.compress(header.model_dump_json().encode())},
+        },
+    )
+    deliver(service, aws.bucket, [keys[2], keys[3]])  # step 1 and the end marker
+    state, _ = service.store.load_state("upgrade")
+    assert state.finished and state.steps_evaluated == 2 and not state.invalid_objects
+    assert state.rule("ExplodingTensor").step == 1

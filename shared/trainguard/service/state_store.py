@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.engine.model import JobState, SegmentArrival, StepArrival, SystemArrival
+from trainguard.format.documents import StepHeader
+from trainguard.format.layout import step_key
 from trainguard.format.system import SystemBatch
 
 STATE_SK = "STATE"
@@ -315,12 +317,24 @@ def _pointer(item: dict[str, Any]) -> tuple[int | None, str | None, int, int]:
     size = int(item["size"]["N"]) if "size" in item else 0
     header_end = int(item["hdr"]["N"]) if "N" in item.get("hdr", {}) else 0
     if bad is None and header_end <= 8:
-        bad = "buffered without a header length (written by an older trainguard): not re-readable"
+        bad = "buffered without a header length: its header cannot be read again"
     return prev, bad, size, header_end
 
 
 def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
     _, step, worker = sk.split("#")
+    if "B" in item.get("hdr", {}):
+        # buffered by an earlier trainguard: the header itself (zlib JSON), not a pointer
+        prev = int(item["prev"]["N"]) if "prev" in item else None
+        try:
+            raw = zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
+            header = StepHeader.model_validate_json(raw)
+        except (zlib.error, ValueError) as exc:
+            reason = f"{step_key(int(step), int(worker))}: buffered header unreadable: {exc}"[
+                :MAX_REASON_CHARS
+            ]
+            return StepArrival(int(step), int(worker), prev, None, reason)
+        return StepArrival(int(step), int(worker), prev, header)
     prev, bad, size, header_end = _pointer(item)
     return StepArrival(int(step), int(worker), prev, None, bad, size=size, header_end=header_end)
 
