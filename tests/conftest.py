@@ -12,9 +12,10 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from trainguard.engine.service import EvaluateService, Publisher
-from trainguard.engine.store import StateStore
 from trainguard.local.runtime import create_table
+from trainguard.service.pipeline import JobPipeline
+from trainguard.service.publisher import Publisher
+from trainguard.service.state_store import StateStore
 
 # Dummy credentials before any boto3 client exists; never a real account.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -46,8 +47,8 @@ class Aws:
     bus: str
     capture_url: str
 
-    def service(self) -> EvaluateService:
-        return EvaluateService(
+    def service(self) -> JobPipeline:
+        return JobPipeline(
             StateStore(self.table, self.ddb), self.s3, Publisher(self.events, self.bus), bucket=self.bucket
         )
 

@@ -151,18 +151,19 @@ def _progress_bar(done: int, total: int) -> None:
 
 
 def _open_source(path: str) -> Any:
-    from trainguard.engine.sources import LocalJob, S3Job
+    from trainguard.engine.sources import LocalJob
 
     if path.startswith("s3://"):
         from trainguard.service.clients import client
+        from trainguard.service.s3_objects import S3Job
 
         return S3Job.from_uri(path, client("s3"))
     return LocalJob.open(path)
 
 
 def _status(args: argparse.Namespace) -> int:
-    from trainguard.engine.store import StateStore
     from trainguard.service.clients import client
+    from trainguard.service.state_store import StateStore
 
     table = args.table or _stack_output(args.stack, "StateTableName")
     if not table:

@@ -73,7 +73,7 @@ class IndexSpec:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """The state table: one partition per job (see trainguard.engine.store)."""
+    """The state table: one partition per job (see trainguard.service.state_store)."""
 
     partition_key: str = "pk"
     sort_key: str = "sk"

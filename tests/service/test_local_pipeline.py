@@ -97,7 +97,7 @@ def test_clean_job_ends_with_no_issues(cloud):
     job = SyntheticJob("clean-1", steps=list(range(0, 80, 2)), loss=noisy_decreasing(2))
     put(cloud, job.job, job.objects())
     assert cloud.wait_idle(30)
-    from trainguard.engine.store import StateStore
+    from trainguard.service.state_store import StateStore
 
     state, _ = StateStore(cloud.resources.table, clients.client("dynamodb")).load_state("clean-1")
     assert state.finished
@@ -146,7 +146,7 @@ def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):
     assert "declared header length" in joined
     assert "outside the trainguard layout" in joined
     assert "manifest.json" in joined
-    from trainguard.engine.store import StateStore
+    from trainguard.service.state_store import StateStore
 
     state, _ = StateStore(cloud.resources.table, clients.client("dynamodb")).load_state("good-1")
     assert state.finished and all(r.status == "NoIssuesFound" for r in state.rules)

@@ -116,8 +116,8 @@ def _job_env(cloud: LocalCloud, job: str) -> dict[str, str]:
 
 
 def _state(cloud: LocalCloud, job: str) -> Any:
-    from trainguard.engine.store import StateStore
     from trainguard.service.clients import client
+    from trainguard.service.state_store import StateStore
 
     assert cloud.resources is not None
     loaded = StateStore(cloud.resources.table, client("dynamodb")).load_state(job)
@@ -126,8 +126,8 @@ def _state(cloud: LocalCloud, job: str) -> Any:
 
 def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) -> int:
     from trainguard.cli import print_status
-    from trainguard.engine.store import StateStore
     from trainguard.service.clients import client
+    from trainguard.service.state_store import StateStore
 
     print("trainguard demo: the deployed topology on a local moto server, the real hook and handlers\n")
     with LocalCloud(name="trainguard-demo") as cloud:
@@ -226,8 +226,8 @@ def _verdict(outcome: dict[str, Any], faulty: str) -> int:
 def run_local(cmd: list[str], job: str | None = None, actions: list[dict[str, Any]] | None = None) -> int:
     """Run the user's script against a local trainguard; print the timeline and final statuses."""
     from trainguard.cli import print_status
-    from trainguard.engine.store import StateStore
     from trainguard.service.clients import client
+    from trainguard.service.state_store import StateStore
 
     job = job or Path(cmd[-1]).stem.replace("_", "-") if cmd else "local-job"
     custom = [CustomAction(a["name"], a["pattern"], a["handler"]) for a in actions or []]
