@@ -42,17 +42,108 @@ DEMO_RULES = [
 ]
 
 
-def batches(x: Any, y: Any, stall_from: int | None) -> Any:
-    """The data loader. With a fault, from ``stall_from`` on it stalls every 7th batch.
+#: the rule each fault is for (the demo checks that this rule, not just any, found it)
+FAULT_RULES = {
+    "exploding": "ExplodingTensor",
+    "dead-relu": "DeadRelu",
+    "flat-loss": "LossNotDecreasing",
+    "slow-loader": "StepOutlier",
+}
 
-    (7, not 10: the evaluation every 10th step would take some of the stalls.)
+
+def rule_config(name: str) -> dict[str, Any]:
+    return next(r for r in DEMO_RULES if r["RuleConfigurationName"] == name)
+
+
+def stops(fault: str) -> bool:
+    """Whether the rule that catches ``fault`` stops the job (StopTraining in its actions)."""
+    rule = FAULT_RULES.get(fault)
+    return rule is not None and "StopTraining" in rule_config(rule).get("Actions", [])
+
+
+class StepClock:
+    """The loop's own timing of its steps, as StepOutlier sees them.
+
+    A step runs from one forward of the model to the next (the hook's step boundary); the
+    running mean and variance are over every TRAIN step so far, stalls included, exactly the
+    statistics the rule judges the next step against.
     """
-    step = 0
-    while True:
-        if stall_from is not None and step >= stall_from and step % 7 == 0:
-            time.sleep(0.6)  # a remote dataset hiccups, a cache is evicted...
-        yield x, y
-        step += 1
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.mode: str | None = None
+        self.started = 0.0
+
+    def forward(self, mode: str) -> None:
+        """Call right before each forward of the model, with its mode."""
+        now = time.perf_counter()
+        if self.mode == "TRAIN":
+            d = now - self.started
+            self.n += 1
+            delta = d - self.mean
+            self.mean += delta / self.n
+            self.m2 += delta * (d - self.mean)
+        self.mode, self.started = mode, now
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class StallingLoader:
+    """The data loader: endless batches; with a fault, some of them stall.
+
+    The stalls are sized from the step times this machine gives right now, not fixed: a
+    stalled step must last longer than StepOutlier's limit (mean + ``stddev`` · std of the
+    TRAIN steps before it, earlier stalls included), with a margin, or a busy machine hides
+    the fault in its noise (at p50 0.37 s / p95 1.31 s per step, a fixed 0.6 s stall did).
+    ``count`` stalls, one every ``every`` batches once ``warmup`` TRAIN steps have passed
+    (the rule judges none before), each only while a TRAIN step is running so it lands in
+    one; sparse enough that the stalls themselves do not lift the limit out of reach.
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        clock: StepClock,
+        *,
+        enabled: bool,
+        warmup: int,
+        stddev: float,
+        count: int,
+        every: int = 12,
+        min_stall_s: float = 0.6,
+    ) -> None:
+        self.x, self.y, self.clock = x, y, clock
+        self.enabled, self.warmup, self.stddev = enabled, warmup, stddev
+        self.count, self.every, self.min_stall_s = count, every, min_stall_s
+        self.stalls: list[float] = []
+
+    def stall_for(self) -> float:
+        """How long this batch stalls: past the rule's current limit by a margin."""
+        clock = self.clock
+        limit = clock.mean + self.stddev * clock.std
+        margin = max(0.25, 0.5 * clock.std, 0.1 * limit)
+        return max(self.min_stall_s, limit + margin - clock.elapsed())
+
+    def __iter__(self) -> Any:
+        due_at = None
+        while True:
+            clock = self.clock
+            if self.enabled and len(self.stalls) < self.count and clock.n >= self.warmup + 5:
+                due_at = clock.n if due_at is None else due_at
+                if clock.n >= due_at and clock.mode == "TRAIN":
+                    seconds = self.stall_for()
+                    time.sleep(seconds)  # a remote dataset hiccups, a cache is evicted...
+                    self.stalls.append(seconds)
+                    due_at = clock.n + self.every
+            yield self.x, self.y
 
 
 def rings(n: int, seed: int) -> tuple[Any, Any]:  # two noisy concentric rings, as sklearn's make_circles
@@ -76,14 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pace", type=float, default=0.03, help="seconds per step, so the timeline is readable"
     )
+    parser.add_argument(
+        "--stop-wait-s",
+        type=float,
+        default=300.0,
+        help="a fault whose rule stops the job trains on until it is stopped, at most this long "
+        "after --steps (the outcome must not depend on how fast the machine is)",
+    )
     args = parser.parse_args(argv)
 
+    started = time.monotonic()
+    print("importing PyTorch…", flush=True)  # seconds on a quiet machine, tens on a busy one
     import torch
     from torch import nn
 
     import trainguard
     from trainguard import modes
+    from trainguard.rules.profiler.step_outlier import WARMUP_STEPS, StepOutlier
 
+    print(f"PyTorch {torch.__version__} imported in {time.monotonic() - started:.1f} s", flush=True)
     torch.manual_seed(0)
     out_dir = os.environ["TRAINGUARD_OUT_DIR"]
     model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
@@ -105,14 +207,38 @@ def main(argv: list[str] | None = None) -> int:
     hook.register_module(model)
     hook.register_loss(loss_fn)
     print(f"training {hook.job_name}: fault={args.fault}, lr={lr}, writing to {out_dir}", flush=True)
+    params = {k: v for k, v in rule_config("StepOutlier")["RuleParameters"].items() if k != "rule_to_invoke"}
+    outlier = StepOutlier.Config.model_validate(params)
+    clock = StepClock()
+    stalling = StallingLoader(
+        x,
+        y,
+        clock,
+        enabled=args.fault == "slow-loader",
+        warmup=WARMUP_STEPS,
+        stddev=outlier.stddev,
+        count=outlier.n_outliers + 3,  # the rule fires after more than n_outliers
+    )
+    until_stopped = stops(args.fault)
+    deadline: float | None = None
     step = 0
-    loader = hook.timed_loader(batches(x, y, 100 if args.fault == "slow-loader" else None))
     try:
-        for step, (inputs, labels) in zip(range(args.steps), loader, strict=False):  # the loader is endless
+        for step, (inputs, labels) in enumerate(hook.timed_loader(stalling)):  # the loader is endless
+            if step >= args.steps:
+                if not until_stopped:
+                    break
+                deadline = deadline or time.monotonic() + args.stop_wait_s
+                if time.monotonic() > deadline:
+                    print(
+                        f"step {step:4d}  not stopped {args.stop_wait_s:.0f} s after the planned end",
+                        flush=True,
+                    )
+                    break
             hook.set_mode(modes.TRAIN)
             if args.fault == "exploding" and step == args.fault_step:
                 for group in optimizer.param_groups:
                     group["lr"] = 1e4  # a learning-rate schedule gone wrong
+            clock.forward("TRAIN")
             loss = loss_fn(model(inputs), labels)
             optimizer.zero_grad()
             loss.backward()
@@ -120,20 +246,28 @@ def main(argv: list[str] | None = None) -> int:
             if step % 10 == 9:
                 hook.set_mode(modes.EVAL)
                 with torch.no_grad():
+                    clock.forward("EVAL")
                     loss_fn(model(x_val), y_val)
             if step % 20 == 0:
-                print(f"step {step:4d}  loss {loss.item():.4f}", flush=True)
+                print(f"step {step:4d}  (global step {hook.step})  loss {loss.item():.4f}", flush=True)
             time.sleep(args.pace)
     except trainguard.StopTrainingRequested as stop:
         print(
-            f"step {step:4d}  trainguard asked this job to stop ({stop}); checkpointing and exiting",
+            f"step {step:4d}  (global step {hook.step})  trainguard asked this job to stop ({stop}); "
+            "checkpointing and exiting",
             flush=True,
         )
-        hook.close()
         return 0
     finally:
         hook.close()
-    print(f"finished {args.steps} steps", flush=True)
+        if stalling.stalls:
+            sizes = ", ".join(f"{s:.2f}" for s in stalling.stalls)
+            print(
+                f"the data loader stalled {len(stalling.stalls)} times ({sizes} s), sized from this "
+                f"machine's TRAIN step times (mean {clock.mean:.3f} s, std {clock.std:.3f} s)",
+                flush=True,
+            )
+    print(f"finished {step} steps", flush=True)
     return 0
 
 
