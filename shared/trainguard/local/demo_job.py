@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 layer.bias.fill_(-50.0)  # type: ignore[operator]
     elif args.fault == "flat-loss":
         lr = 1e-9
+    elif args.fault == "slow-loader":
+        lr = 0.05  # its run is longer: at 0.2 the loss would plateau (and LossNotDecreasing rightly fire)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     x, y = rings(2000, seed=1)
