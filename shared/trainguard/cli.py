@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
-        if args.debug:
+        if getattr(args, "debug", False):  # --debug before or after the command
             traceback.print_exc()
         message = explain(exc)
         if message is None:
@@ -65,7 +65,6 @@ def _parser() -> argparse.ArgumentParser:
         epilog="An error reads 'trainguard <command>: <what is wrong>', exit code 2; --debug: the traceback.",
         parents=[common],
     )
-    parser.set_defaults(debug=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -214,8 +213,9 @@ def _actions(path: Path) -> list[dict[str, Any]]:
 def _replay(args: argparse.Namespace) -> int:
     from trainguard.engine.replay import replay
 
+    path = _job_path(args.path, args.runs, "replay")
     _use_rule_modules(args.rule_module)
-    source = _open_source(_job_path(args.path, args.runs, "replay"))
+    source = _open_source(path)
     rules: Any = None
     if args.rules:
         rules = json.loads(Path(args.rules).read_text())

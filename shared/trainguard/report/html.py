@@ -377,7 +377,8 @@ def _rules_section(
             when, advice = "—", "—"
             details = escape(note) if note else "Fires when: " + escape(summary) + "."
             if r.name == "OverallSystemUsage":  # never fires: its numbers are the usage tables below
-                status, details = "<span class='na'>Summary</span>", escape(summary) + " (tables below)."
+                status = "<span class='na'>Summary</span>"
+                details = escape(summary[:1].upper() + summary[1:]) + "; see the tables below."
             elif r.name == "Dataloader" and note:
                 # its num_workers check could not run, but the data waits it measured are shown below
                 if data_wait is not None:
@@ -557,7 +558,6 @@ def _steps_section(batches: Sequence[SystemBatch], t0: float) -> tuple[str, int]
                 y_label="seconds",
                 y_min=0,
                 height=220,
-                clip=True,
             )
         )
         if outliers:
