@@ -196,3 +196,22 @@ def test_non_finite_values_in_every_mode_are_counted(tmp_path):
 def test_the_report_is_still_one_self_contained_page(diverged):
     assert "<script" not in diverged.lower() and not re.search(r"\b(src|href)\s*=", diverged)
     assert Path  # (kept for the type checker)
+
+
+def test_the_services_own_statuses_are_shown_when_given(tmp_path):
+    folder = write_demo_job(tmp_path, "given", total_s=240.0, diverge=True)
+    statuses = [
+        {
+            "RuleConfigurationName": "ExplodingTensor",
+            "RuleEvaluationStatus": "IssuesFound",
+            "StatusDetails": "RuleEvaluationConditionMet: Evaluation of the rule ExplodingTensor at step 420 "
+            "resulted in the condition being met. ExplodingTensor: scalar loss is nan.",
+            "LastModifiedTime": 1.0,
+        },
+        {"RuleConfigurationName": "Overfit", "RuleEvaluationStatus": "Stopped", "LastModifiedTime": 1.0},
+        {"RuleConfigurationName": "StepOutlier", "RuleEvaluationStatus": "NoIssuesFound", "LastModifiedTime": 1.0},
+    ]
+    rules = section(build_report(load_job_data(folder, rule_statuses=statuses)), "model-rules")
+    assert "step 420" in rules and "scalar loss is nan" in rules and "Lower the learning rate" in rules
+    assert "<b>Overfit</b>" in rules and "Stopped" in rules
+    assert "<b>StepOutlier</b>" not in rules  # a profiler rule: in the profiler section

@@ -11,6 +11,7 @@ from trainguard.local.demo import run_demo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a safety net: about 2 minutes on 2 quiet cores, far more on a crowded machine
 def test_demo_alerts_and_stops_the_faulty_job_and_passes_the_clean_twin(capsys, tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)  # the demo keeps its jobs under runs/

@@ -105,7 +105,10 @@ class LocalRun:
             code = proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
             raise
         finally:
             self.progress.job_ended(job)
@@ -153,19 +156,23 @@ class LocalRun:
             print(f"\nnothing was written to s3://{self.session.bucket}/jobs/, so nothing was kept")
             return
         print(f"\nkept in {self.runs}/ (the local cloud is gone; these stay):")
-        for k in self.kept:
+        order = {job: i for i, job in enumerate(self.session.jobs)}
+        for k in sorted(self.kept, key=lambda k: order.get(k.job, len(order))):
             state = k.state
             events = sum(1 for e in self.cloud.events if e.get("detail", {}).get("TrainingJobName") == k.job)
             alerts = sum(1 for job, _ in self.progress.alerts if job == k.job)
             print(f"  {k.folder}/  {k.objects} objects: the job folder, as in S3")
             if k.report is not None:
                 print(f"  {k.report}  the profiler report")
-            print(f"  {k.status_file}  final statuses, {events} events, {alerts} alerts")
+            print(
+                f"  {k.status_file}  final statuses, {events} event{'s' * (events != 1)}, "
+                f"{alerts} alert{'s' * (alerts != 1)}"
+            )
             if k.skipped:
                 print(f"    {len(k.skipped)} objects not kept: {k.skipped[0]}")
             if state is not None and not state.finished:
                 print(f"    {k.job}: its evaluation had not finished (no end marker from every worker)")
-        example = self.kept[-1].folder
+        example = max(self.kept, key=lambda k: order.get(k.job, -1)).folder
         print(
             f"\nnext: trainguard status · trainguard replay {example} · trainguard report {example}"
             f"\n      (the session: {results.results_dir(self.runs) / results.SESSION})"

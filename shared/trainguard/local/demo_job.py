@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainguard.rules.profiler.step_outlier import WARMUP_STEPS, StepOutlier
 
     print(f"PyTorch {torch.__version__} imported in {time.monotonic() - started:.1f} s", flush=True)
+    torch.set_num_threads(1)  # a tiny model: one thread, so a busy machine slows it least
     torch.manual_seed(0)
     out_dir = os.environ["TRAINGUARD_OUT_DIR"]
     model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     x, y = rings(2000, seed=1)
     x_val, y_val = rings(2000, seed=2)
 
+    print("starting the trainguard hook (boto3, the job manifest, the system monitor)…", flush=True)
     hook = trainguard.Hook(
         out_dir, rules=DEMO_RULES, stop_check_interval_s=0.25, profiler=0.5, profiler_flush_s=2.0
     )

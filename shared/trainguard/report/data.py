@@ -7,16 +7,20 @@ the step objects' headers through :mod:`trainguard.trial`. Reads are bounded: at
 spaced when the job has more; the report says so). An object that cannot be read or parsed
 is listed in ``problems`` and skipped, never fatal.
 
-The model rules (ExplodingTensor, LossNotDecreasing, ...) are the job's own configuration,
-judged by ``trainguard replay``'s engine over the job's step objects, the code the service
-runs, so the report says what the service said: which rule fired, at which step, and what
-to do. A job with more than :data:`MAX_REPLAY_OBJECTS` step objects is not re-evaluated
-(the report says so and points to ``trainguard status``).
+The model rules (ExplodingTensor, LossNotDecreasing, ...): when the caller has the service's
+final statuses (the report function has them in the job-finished event), those are shown;
+otherwise the job's own configuration is judged by ``trainguard replay``'s engine over the
+job's step objects, the code the service runs. Either way the report says which rule fired,
+at which step, and what to do. Without statuses, a job with more than
+:data:`MAX_REPLAY_OBJECTS` step objects is not re-evaluated (the report says so and points
+to ``trainguard status``).
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +32,7 @@ from trainguard.format.system import SystemBatch, parse_system_batch
 MAX_SYSTEM_OBJECTS = 50_000
 MAX_STEP_OBJECTS = 5_000
 #: at most this many step objects (or segments) are re-evaluated for the model rules
-MAX_REPLAY_OBJECTS = 20_000
+MAX_REPLAY_OBJECTS = 5_000
 #: concurrent reads (S3 GETs are latency-bound; the stores are thread-safe)
 FETCH_THREADS = 16
 MODES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
@@ -76,8 +80,15 @@ def _job_name(path: str) -> str:
         return "job"
 
 
-def load_job_data(path_or_s3: str | os.PathLike[str], store: Any = None) -> JobData:
-    """Load a job folder: ``s3://bucket/prefix/<job>`` or a local directory."""
+def load_job_data(
+    path_or_s3: str | os.PathLike[str], store: Any = None, rule_statuses: Sequence[Any] | None = None
+) -> JobData:
+    """Load a job folder: ``s3://bucket/prefix/<job>`` or a local directory.
+
+    ``rule_statuses``: the service's final ``DebugRuleEvaluationStatuses`` of the job (entries
+    with ``RuleConfigurationName``, ``RuleEvaluationStatus``, ``StatusDetails``); given, the
+    model rules are shown from them instead of being evaluated again.
+    """
     from trainguard.hook.storage import open_store  # the one storage adapter (boto3 only for s3://)
 
     url = os.fspath(path_or_s3)
@@ -91,7 +102,10 @@ def load_job_data(path_or_s3: str | os.PathLike[str], store: Any = None) -> JobD
         data.notes.append(f"no readable manifest ({type(exc).__name__})")
     _load_system(store, data)
     _load_scalars(url, store, data)
-    _load_model_rules(store, data)
+    if rule_statuses is not None:
+        _model_rules_from_statuses(store, data, rule_statuses)
+    else:
+        _load_model_rules(store, data)
     return data
 
 
@@ -210,6 +224,48 @@ def _load_model_rules(store: Any, data: JobData) -> None:
         )
     data.model_rules = rows
     _step_times(store, data)
+
+
+_AT_STEP = re.compile(r"\bat step (\d+)\b")
+
+
+def _model_rules_from_statuses(store: Any, data: JobData, statuses: Sequence[Any]) -> None:
+    """The service's verdicts, each with its rule's description and advice from the manifest."""
+    from trainguard.report.text import fill
+    from trainguard.rules.config import parse_rule_configurations
+    from trainguard.rules.plugins import rule_class
+
+    configured = {
+        c.configuration_name: c
+        for c in parse_rule_configurations(data.manifest.rules if data.manifest is not None else None)
+    }
+    rows = []
+    for entry in statuses:
+        name = str(_field(entry, "RuleConfigurationName"))
+        status = str(_field(entry, "RuleEvaluationStatus"))
+        details = str(_field(entry, "StatusDetails") or "")
+        rule = configured.get(name)
+        cls = type(rule.rule) if rule is not None and rule.rule is not None else rule_class(name)
+        if cls is not None and cls.kind == "profiler":
+            continue
+        found = _AT_STEP.search(details) if status == "IssuesFound" else None
+        rows.append(
+            ModelRuleResult(
+                name=name,
+                rule=rule.rule_name if rule is not None else name,
+                status=status,
+                details=details,
+                summary=fill(cls.summary, rule.rule.config) if cls is not None and rule and rule.rule else "",
+                advice=cls.advice if cls is not None else "",
+                step=int(found.group(1)) if found else None,
+            )
+        )
+    data.model_rules = rows
+    _step_times(store, data)
+
+
+def _field(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, dict) else getattr(entry, name, None)
 
 
 def _replay(store: Any) -> Any:

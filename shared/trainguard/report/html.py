@@ -338,7 +338,7 @@ def _model_row(r: ModelRuleResult, t0: float | None) -> str:
     return (
         f"<tr><td><b>{escape(label)}</b></td><td class='nowrap'>{status}</td>"
         f"<td class='nowrap'>{_when(r.step, r.mode, r.mode_step, r.wall_time, t0)}</td>"
-        f"<td>{escape(details)}</td><td>{advice}</td></tr>"
+        f"<td>{escape(details) or '—'}</td><td>{advice}</td></tr>"
     )
 
 
