@@ -209,7 +209,11 @@ def test_the_services_own_statuses_are_shown_when_given(tmp_path):
             "LastModifiedTime": 1.0,
         },
         {"RuleConfigurationName": "Overfit", "RuleEvaluationStatus": "Stopped", "LastModifiedTime": 1.0},
-        {"RuleConfigurationName": "StepOutlier", "RuleEvaluationStatus": "NoIssuesFound", "LastModifiedTime": 1.0},
+        {
+            "RuleConfigurationName": "StepOutlier",
+            "RuleEvaluationStatus": "NoIssuesFound",
+            "LastModifiedTime": 1.0,
+        },
     ]
     rules = section(build_report(load_job_data(folder, rule_statuses=statuses)), "model-rules")
     assert "step 420" in rules and "scalar loss is nan" in rules and "Lower the learning rate" in rules
