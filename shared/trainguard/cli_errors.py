@@ -60,12 +60,15 @@ def _explain_one(exc: BaseException) -> str | None:
         return f"{exc.filename or exc}: is a folder, expected a file"
     if isinstance(exc, NotADirectoryError):
         return f"{exc.filename or exc}: is not a folder"
-    from trainguard.hook.storage import ObjectNotFound
+    from trainguard.format.layout import LayoutError
+    from trainguard.hook.storage import ObjectNotFound, StoreError
     from trainguard.rules.plugins import PluginError
 
     if isinstance(exc, ObjectNotFound):
         return str(exc).strip("'\"")
-    if isinstance(exc, PluginError):
+    if isinstance(exc, PluginError | LayoutError):
+        return str(exc)
+    if isinstance(exc, StoreError) and exc.__cause__ is None:
         return str(exc)
     return None
 

@@ -167,3 +167,20 @@ def test_python_dash_m_is_the_same_command(tmp_path):
         [sys.executable, "-m", "trainguard", "--help"], capture_output=True, text=True, env=env, timeout=120
     )
     assert helped.returncode == 0 and "usage: trainguard" in helped.stdout
+
+
+def test_s3_jobs_that_are_not_there(capsys):
+    import boto3
+    from moto import mock_aws
+    from trainguard.service import clients
+
+    with mock_aws():
+        clients.reset()
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="tg-empty")
+        assert main(["report", "s3://tg-empty/jobs/nothing-here"]) == EXIT_USAGE
+        assert "s3://tg-empty/jobs/nothing-here: no objects there" in one_error_line(capsys, "report")
+        assert main(["replay", "s3://tg-missing/jobs/x", "--no-progress"]) == EXIT_USAGE
+        assert "the bucket tg-missing does not exist" in one_error_line(capsys, "replay")
+        assert main(["replay", "s3://tg-empty", "--no-progress"]) == EXIT_USAGE
+        assert "name the job folder" in one_error_line(capsys, "replay")
+    clients.reset()
