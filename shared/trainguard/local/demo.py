@@ -211,7 +211,7 @@ def run_demo(
     verbose: bool = False,
     runs: Path = results.DEFAULT_RUNS,
 ) -> int:
-    from trainguard.local.demo_job import FAULTS
+    from trainguard.local.demo_job import FAULTS, clean_twin_steps
 
     if fault not in FAULTS or fault in ("none", "slow-loader"):
         choices = ", ".join(f for f in FAULTS if f not in ("none", "slow-loader"))
@@ -219,7 +219,7 @@ def run_demo(
     jobs = [
         (f"demo-{fault}", fault, steps, "fault " + fault),
         ("demo-slow-loader", "slow-loader", SLOW_LOADER_STEPS, "fault slow-loader (profiling on)"),
-        ("demo-clean-twin", "none", steps, "no fault (the clean twin)"),
+        ("demo-clean-twin", "none", clean_twin_steps(steps), "no fault (the clean twin)"),
     ]
     for job, *_ in jobs:
         results.check_runs_folder(runs, job)

@@ -55,6 +55,22 @@ def rule_config(name: str) -> dict[str, Any]:
     return next(r for r in DEMO_RULES if r["RuleConfigurationName"] == name)
 
 
+def clean_twin_steps(steps: int) -> int:
+    """The clean twin's length: at most StepOutlier's warm-up plus ``n_outliers`` TRAIN steps.
+
+    StepOutlier judges a step against the steps before it; when the machine gets busier
+    mid-run (another job starts), every later step looks slow. A clean twin that StepOutlier
+    judges on at most ``n_outliers`` steps cannot fire on load alone (it needs more outliers
+    than that), so its NoIssuesFound is about the job, not about the machine.
+    """
+    from trainguard.rules.profiler.step_outlier import WARMUP_STEPS, StepOutlier
+
+    params = {k: v for k, v in rule_config("StepOutlier")["RuleParameters"].items() if k != "rule_to_invoke"}
+    config = StepOutlier.Config.model_validate(params)
+    # TRAIN steps: the loop's steps (its EVAL passes are steps of their own mode)
+    return min(steps, WARMUP_STEPS + config.n_outliers)
+
+
 def stops(fault: str) -> bool:
     """Whether the rule that catches ``fault`` stops the job (StopTraining in its actions)."""
     rule = FAULT_RULES.get(fault)
@@ -171,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         "--stop-wait-s",
         type=float,
         default=300.0,
-        help="a fault whose rule stops the job trains on until it is stopped, at most this long "
-        "after --steps (the outcome must not depend on how fast the machine is)",
+        help="with a fault whose rule stops the job, wait this long at most after --steps for the stop "
+        "(the outcome must not depend on how fast the machine evaluates)",
     )
     args = parser.parse_args(argv)
 
@@ -223,21 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         stddev=outlier.stddev,
         count=outlier.n_outliers + 3,  # the rule fires after more than n_outliers
     )
-    until_stopped = stops(args.fault)
-    deadline: float | None = None
     step = 0
     try:
         for step, (inputs, labels) in enumerate(hook.timed_loader(stalling)):  # the loader is endless
             if step >= args.steps:
-                if not until_stopped:
-                    break
-                deadline = deadline or time.monotonic() + args.stop_wait_s
-                if time.monotonic() > deadline:
-                    print(
-                        f"step {step:4d}  not stopped {args.stop_wait_s:.0f} s after the planned end",
-                        flush=True,
-                    )
-                    break
+                break
             hook.set_mode(modes.TRAIN)
             if args.fault == "exploding" and step == args.fault_step:
                 for group in optimizer.param_groups:
@@ -255,6 +261,19 @@ def main(argv: list[str] | None = None) -> int:
             if step % 20 == 0:
                 print(f"step {step:4d}  (global step {hook.step})  loss {loss.item():.4f}", flush=True)
             time.sleep(args.pace)
+        if stops(args.fault) and not hook.should_stop:
+            # a real job would train on; this one waits, writing nothing more, so that the stop
+            # arrives however far behind a busy machine's evaluation is
+            print(
+                f"step {step:4d}  the planned steps are done; waiting up to {args.stop_wait_s:.0f} s "
+                "for trainguard's verdict",
+                flush=True,
+            )
+            deadline = time.monotonic() + args.stop_wait_s
+            while not hook.should_stop and time.monotonic() < deadline:
+                time.sleep(0.25)
+        if hook.should_stop:
+            raise trainguard.StopTrainingRequested(hook.stop_signal)
     except trainguard.StopTrainingRequested as stop:
         print(
             f"step {step:4d}  (global step {hook.step})  trainguard asked this job to stop ({stop}); "
