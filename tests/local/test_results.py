@@ -132,3 +132,11 @@ def test_damaged_result_files_are_a_clear_error(tmp_path, monkeypatch, capsys):
     assert main(["status"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("trainguard status: runs/_trainguard/x.status.json: not valid JSON")
+
+
+def test_the_default_job_name_is_the_scripts():
+    from trainguard.local.demo import default_job_name
+
+    assert default_job_name(["python", "examples/torch_loop.py", "--epochs", "3"]) == "torch-loop"
+    assert default_job_name(["python", "-m", "my_pkg.train_net"]) == "train-net"
+    assert default_job_name(["./run.sh"]) == "local-job"
