@@ -55,6 +55,39 @@ def rule_config(name: str) -> dict[str, Any]:
     return next(r for r in DEMO_RULES if r["RuleConfigurationName"] == name)
 
 
+#: close() waits this long at most for the uploads (a safety net: seconds on a quiet machine)
+CLOSE_WAIT_S = 300.0
+#: the demo never gets further than this many objects ahead of the local cloud
+MAX_BACKLOG = 32
+
+
+def keep_pace(hook: Any, max_backlog: int = MAX_BACKLOG, give_up_s: float = 60.0) -> None:
+    """Wait while the hook has more than ``max_backlog`` objects not yet delivered.
+
+    The local cloud runs in one process beside the job; on a crowded machine it takes
+    objects more slowly than even this small job writes them, and a job that races ahead
+    fills the hook's queue and loses steps. A real job against S3 never needs this. After
+    one wait of ``give_up_s`` the cloud is not taking objects at all: stop waiting (and say so).
+    """
+    global _pacing
+    if not _pacing:
+        return
+    deadline = time.monotonic() + give_up_s
+    stats = hook.upload_stats
+    while stats.submitted - stats.written - stats.dropped > max_backlog:
+        if time.monotonic() > deadline:
+            _pacing = False
+            print(
+                f"the local cloud took no object for {give_up_s:.0f} s; not waiting for it any more",
+                flush=True,
+            )
+            return
+        time.sleep(0.02)
+
+
+_pacing = True
+
+
 def clean_twin_steps(steps: int) -> int:
     """The clean twin's length: at most StepOutlier's warm-up plus ``n_outliers`` TRAIN steps.
 
@@ -222,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print("starting the trainguard hook (boto3, the job manifest, the system monitor)…", flush=True)
     hook = trainguard.Hook(
-        out_dir, rules=DEMO_RULES, stop_check_interval_s=0.25, profiler=0.5, profiler_flush_s=2.0
+        out_dir,
+        rules=DEMO_RULES,
+        stop_check_interval_s=0.25,
+        profiler=0.5,
+        profiler_flush_s=2.0,
+        # on a crowded machine the local cloud takes objects slowly: close() waits for them all
+        flush_timeout_s=CLOSE_WAIT_S,
     )
     hook.register_module(model)
     hook.register_loss(loss_fn)
@@ -244,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         for step, (inputs, labels) in enumerate(hook.timed_loader(stalling)):  # the loader is endless
             if step >= args.steps:
                 break
+            keep_pace(hook)
             hook.set_mode(modes.TRAIN)
             if args.fault == "exploding" and step == args.fault_step:
                 for group in optimizer.param_groups:
