@@ -50,7 +50,13 @@ class RuleStatusDetail(BaseModel):
     #: seconds since the epoch (float), as SageMaker's API returns it
     LastModifiedTime: float
     Step: int | None = None
+    #: the mode of the global step ``Step`` and the loop's own count of that mode's steps
+    #: (EVAL passes advance the global step: TRAIN step 62 can be global step 68)
+    Mode: Literal["TRAIN", "EVAL", "PREDICT", "GLOBAL"] | None = None
+    ModeStep: int | None = None
     Value: float | None = None
+    #: the measured value as text when it is not a finite number ("inf", "nan"): JSON has none
+    ValueText: str | None = Field(default=None, max_length=64)
     Threshold: float | None = None
     Tensor: str | None = None
     Actions: list[str] = Field(default_factory=list)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
-from trainguard.format.documents import Manifest, SegmentHeader, StepHeader
+from trainguard.format.documents import Manifest, Mode, SegmentHeader, StepHeader
 from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
@@ -25,7 +25,12 @@ class RuleRecord(BaseModel):
     status: Status = "InProgress"
     details: str = ""
     step: int | None = None
+    #: the mode of ``step`` and its mode step, when the step's data said (model rules)
+    mode: Mode | None = None
+    mode_step: int | None = None
     value: float | None = None
+    #: the value as text when it was not finite (``value`` is then None)
+    value_text: str | None = None
     threshold: float | None = None
     tensor: str | None = None
     actions: list[str] = Field(default_factory=list)
