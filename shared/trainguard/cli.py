@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+RULES_HELP = (
+    "JSON file of SageMaker rule configurations: a list, an object with DebugRuleConfigurations"
+    "/ProfilerRuleConfigurations, or a whole CreateTrainingJob request"
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainguard", description=__doc__)
@@ -30,11 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--actions", help="JSON file of custom actions [{name, pattern, handler: 'file.py:function'}]"
     )
+    p.add_argument(
+        "--rules", help=RULES_HELP + " (for jobs that declare none, like the stack's defaultRules)"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py ...")
 
     p = sub.add_parser("replay", help="evaluate a stored job offline with the same rules")
     p.add_argument("path", help="job folder or s3://bucket/prefix/<job>")
-    p.add_argument("--rules", help="JSON file: DebugRuleConfigurations list (default: the job's own)")
+    p.add_argument("--rules", help=RULES_HELP + " (default: the job's own)")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per rule")
     p.add_argument("--no-progress", action="store_true")
     _rule_module_flag(p)
@@ -107,7 +115,26 @@ def _local(args: argparse.Namespace) -> int:
         print("usage: trainguard local [--job NAME] -- python train.py ...", file=sys.stderr)
         return 2
     actions = json.loads(Path(args.actions).read_text()) if args.actions else []
+    if args.rules:
+        from trainguard.rules.config import DEFAULT_RULES_ENV
+
+        rules = _load_rules(args.rules)
+        if rules is None:
+            return 2
+        # the local stack's defaultRules: what the deployed stack's functions read
+        os.environ[DEFAULT_RULES_ENV] = json.dumps(rules, separators=(",", ":"))
     return run_local(cmd, job=args.job, actions=actions)
+
+
+def _load_rules(path: str) -> list[dict[str, Any]] | None:
+    """Every rule entry of a rules file (any SageMaker shape); None after printing why not."""
+    from trainguard.rules.sagemaker import RulesFormatError, load_rules_file
+
+    try:
+        return load_rules_file(path).entries()
+    except RulesFormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -118,11 +145,8 @@ def _replay(args: argparse.Namespace) -> int:
     source = _open_source(args.path)
     rules: Any = None
     if args.rules:
-        rules = json.loads(Path(args.rules).read_text())
-        if isinstance(rules, dict) and "DebugRuleConfigurations" in rules:
-            rules = rules["DebugRuleConfigurations"]
-        if not isinstance(rules, list):
-            print(f"{args.rules}: expected a JSON list of rule configurations", file=sys.stderr)
+        rules = _load_rules(args.rules)
+        if rules is None:
             return 2
     show = not args.no_progress and sys.stderr.isatty()
     result = replay(source, rules=rules, progress=_progress_bar if show else None)
