@@ -117,6 +117,8 @@ STATIC_GRANTS = (
     "bus:put",
     "topic:publish",
     "sagemaker:stop",
+    "sagemaker:read",
+    "default-bus:put",
 )
 
 
@@ -462,6 +464,20 @@ class TrainguardStack(Stack):
                 _allow(
                     "EncryptForAlertTopic", ["kms:GenerateDataKey", "kms:Decrypt"], [self.topic_key.key_arn]
                 ),
+            ],
+            "sagemaker:read": lambda: [
+                _allow(
+                    "ReadTrainingJobsAndTags",
+                    ["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
+                    [self.format_arn(service="sagemaker", resource="training-job", resource_name="*")],
+                )
+            ],
+            "default-bus:put": lambda: [
+                _allow(
+                    "PutSageMakerShapedEvents",
+                    ["events:PutEvents"],
+                    [self.format_arn(service="events", resource="event-bus", resource_name="default")],
+                )
             ],
             "sagemaker:stop": lambda: [
                 _allow(
