@@ -253,3 +253,19 @@ def test_the_stacks_default_rules_are_the_rules_of_a_job_that_declares_none(monk
     assert bad.error and DEFAULT_RULES_ENV in bad.error
     monkeypatch.delenv(DEFAULT_RULES_ENV)
     assert len(parse_rule_configurations(None)) == 5
+
+
+@pytest.mark.parametrize(
+    "name", ["mixed_with_actions.json", "debug_rules_actions.json", "profiler_rules.json"]
+)
+def test_the_hook_carries_the_sdks_rules_to_the_service_unchanged(tmp_path, name):
+    import trainguard
+    from trainguard.trial import create_trial
+
+    entries = normalize_rules(request(name)).entries()
+    hook = trainguard.Hook(tmp_path / "hook-sdk", rules=entries)
+    hook.save_scalar("loss", 1.0)
+    hook.close()
+    stored = create_trial(tmp_path / "hook-sdk").manifest.rules
+    assert stored == entries  # the manifest holds the SDK's entries as they are
+    assert all(c.error is None for c in parse_rule_configurations(stored))
