@@ -544,16 +544,20 @@ class Trial:
         # smdebug prefixes parameters with the model's class name ("Net_conv1.weight"); for
         # parameters saved without it, the regex is also tried without that literal prefix
         unprefixed = [re.compile(r) for r in (_strip_class_prefix(r) for r in regexes) if r is not None]
+        catalog = self._catalog()
         if step is None and worker is None:
-            candidates = set(self._catalog()) if m is None else set(self._names_by_mode.get(m, ()))
+            names = set(catalog) if m is None else set(self._names_by_mode.get(m, ()))
+            candidates = {n: catalog.get(n, set()) for n in names}
         else:
             global_step = None if step is None else (self.global_step(m, step) if m is not None else step)
             if step is not None and global_step is None:
                 return []
-            candidates = {name for *_, name, _ in self._records(global_step, m, _rank(worker))}
+            candidates = {}
+            for *_, name, record in self._records(global_step, m, _rank(worker)):
+                candidates.setdefault(name, set()).update(record.collections)
         out = []
-        for name in candidates:
-            if coll is not None and coll not in self._names.get(name, ()):
+        for name, collections in candidates.items():
+            if coll is not None and coll not in collections:
                 continue
             if patterns and not any(p.search(n) for p in patterns for n in _spellings(name)):
                 is_parameter = bool(self._names.get(name, set()) & PARAMETER_COLLECTIONS)
