@@ -14,6 +14,11 @@ from typing import Any
 from trainguard.cli_errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, explain
 from trainguard.local import results
 
+RULES_HELP = (
+    "JSON file of SageMaker rule configurations: a list, an object with DebugRuleConfigurations"
+    "/ProfilerRuleConfigurations, or a whole CreateTrainingJob request"
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every expected failure is one line and exit code 2 (see cli_errors)."""
@@ -88,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--actions", help="JSON file of custom actions [{name, pattern, handler: 'file.py:function'}]"
     )
+    p.add_argument(
+        "--rules", help=RULES_HELP + " (for jobs that declare none, like the stack's defaultRules)"
+    )
     _local_flags(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py ...")
 
@@ -97,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         help="job folder, s3://bucket/prefix/<job>, or a job kept under runs/ (default: the last local job)",
     )
-    p.add_argument("--rules", help="JSON file: DebugRuleConfigurations list (default: the job's own)")
+    p.add_argument("--rules", help=RULES_HELP + " (default: the job's own)")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per rule")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--runs", type=Path, default=results.DEFAULT_RUNS, help="where local runs are kept")
@@ -183,6 +191,11 @@ def _local(args: argparse.Namespace) -> int:
     if not cmd:
         raise CommandError("no command to run: trainguard local [--job NAME] -- python train.py ...")
     actions = _actions(Path(args.actions)) if args.actions else []
+    if args.rules:
+        from trainguard.rules.config import DEFAULT_RULES_ENV
+
+        # the local stack's defaultRules: what the deployed stack's functions read
+        os.environ[DEFAULT_RULES_ENV] = json.dumps(_load_rules(args.rules), separators=(",", ":"))
     return run_local(cmd, job=args.job, actions=actions, runs=args.runs, verbose=args.verbose)
 
 
@@ -210,6 +223,16 @@ def _actions(path: Path) -> list[dict[str, Any]]:
     return doc  # type: ignore[no-any-return]
 
 
+def _load_rules(path: str) -> list[dict[str, Any]]:
+    """Every rule entry of a rules file (any SageMaker shape)."""
+    from trainguard.rules.sagemaker import RulesFormatError, load_rules_file
+
+    try:
+        return load_rules_file(path).entries()
+    except (RulesFormatError, OSError) as exc:
+        raise CommandError(f"--rules {path}: {exc}") from None
+
+
 def _replay(args: argparse.Namespace) -> int:
     from trainguard.engine.replay import replay
 
@@ -218,12 +241,7 @@ def _replay(args: argparse.Namespace) -> int:
     source = _open_source(path)
     rules: Any = None
     if args.rules:
-        rules = json.loads(Path(args.rules).read_text())
-        if isinstance(rules, dict) and "DebugRuleConfigurations" in rules:
-            rules = rules["DebugRuleConfigurations"]
-        if not isinstance(rules, list):
-            print(f"{args.rules}: expected a JSON list of rule configurations", file=sys.stderr)
-            return 2
+        rules = _load_rules(args.rules)
     show = not args.no_progress and sys.stderr.isatty()
     result = replay(source, rules=rules, progress=_progress_bar if show else None)
     if show:

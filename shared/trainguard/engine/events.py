@@ -6,6 +6,10 @@ SageMaker Debugger keep working, and a ``DebugRuleEvaluationStatuses`` list of e
 of the job, the shape AWS's documented stop-on-IssuesFound automation reads. trainguard's
 own additions: ``Step``, ``Value``, ``Threshold``, ``Tensor``, ``Actions`` and ``EventId``
 (``<job>/<rule>/<seq>``, unique per transition: consumers deduplicate on it).
+
+The SageMaker-shaped ``SageMaker Training Job State Change`` events made from these (for
+Lambdas written for SageMaker Debugger) are a contract of their own, in
+:mod:`trainguard.engine.sagemaker_events`.
 """
 
 from __future__ import annotations

@@ -152,27 +152,32 @@ def _load_scalars(url: str, store: Any, data: JobData) -> None:
         steps = [steps[int(i * stride)] for i in range(MAX_STEP_OBJECTS)]
         data.notes.append(f"scalars shown for {MAX_STEP_OBJECTS} evenly spaced steps of {len(trial.steps())}")
     series: dict[str, list[tuple[int, float]]] = {}
-    worker = min(trial.workers() or [0])
+    worker = min(trial.ranks() or [0])
 
-    def fetch(step: int) -> Any:
+    def fetch(step: int) -> list[tuple[str, float]] | str:
+        # only the scalars leave this function: a parsed header (MBs for big jobs) is dropped
+        # here, and the trial's own cache is bounded in bytes
         try:
-            return trial.header(step, worker)
+            header = trial.header(step, worker)
         except Exception as exc:
             return f"step {step}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-
-    with ThreadPoolExecutor(FETCH_THREADS) as pool:
-        headers = list(pool.map(fetch, steps))
-    for step, header in zip(steps, headers, strict=True):
-        if isinstance(header, str):
-            data.problems.append(header)
-            continue
+        points = []
         for mode in MODES:
             record = header.modes.get(mode)  # type: ignore[call-overload]
             if record is None:
                 continue
             for name, scalar in record.scalars.items():
-                label = name if mode == "TRAIN" else f"{name} ({mode})"
-                series.setdefault(label, []).append((step, scalar.value))
+                points.append((name if mode == "TRAIN" else f"{name} ({mode})", scalar.value))
+        return points
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        results = list(pool.map(fetch, steps))
+    for step, result in zip(steps, results, strict=True):
+        if isinstance(result, str):
+            data.problems.append(result)
+            continue
+        for label, value in result:
+            series.setdefault(label, []).append((step, value))
     data.scalars = {k: sorted(v) for k, v in sorted(series.items())}
 
 
@@ -295,7 +300,7 @@ def _step_times(store: Any, data: JobData) -> None:
     for row in fired:
         assert row.step is not None
         try:
-            worker = min(trial.workers() or [0])
+            worker = min(trial.ranks() or [0])
             row.wall_time = trial.header(row.step, worker).wall_time
         except Exception as exc:
             data.notes.append(f"step {row.step}: its time is unknown ({type(exc).__name__})")
