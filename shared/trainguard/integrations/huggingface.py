@@ -166,7 +166,7 @@ class TrainguardCallback(Guarded, TrainerCallback):  # type: ignore[misc]
         self.stop_reason: str | None = None
         self._args: Any = None
         self._model: Any = None
-        self._loss_handle: Any = None
+        self._handles: list[Any] = []
         self._train = _LossMean()
         self._eval = _LossMean()
         self._eval_mode_set = False
@@ -211,15 +211,16 @@ class TrainguardCallback(Guarded, TrainerCallback):  # type: ignore[misc]
         if model is not None and model is not self._model:
             self._detach()
             self._model = model
-            self._loss_handle = model.register_forward_hook(
-                safe(self._on_forward, self._disable), with_kwargs=True
-            )
+            self._handles = [
+                model.register_forward_pre_hook(safe(self._before_forward, self._disable)),
+                model.register_forward_hook(safe(self._on_forward, self._disable), with_kwargs=True),
+            ]
             self.capture.attach(model)
 
     def _detach(self) -> None:
-        if self._loss_handle is not None:
-            self._loss_handle.remove()
-            self._loss_handle = None
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
         self.capture.detach()
         self._model = None
 
@@ -227,6 +228,10 @@ class TrainguardCallback(Guarded, TrainerCallback):  # type: ignore[misc]
         self.close()
 
     # ------------------------------------------------------------------ the model's forward
+    def _before_forward(self, module: Any, args: Any) -> None:
+        if module.training and not self.disabled:
+            self.capture.new_batch()
+
     def _on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self.disabled:
             return

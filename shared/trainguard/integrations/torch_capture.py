@@ -9,8 +9,9 @@
   on this rank's shard, never with a collective.
 * **Activations** (``relu_output``, ``relu_input``, ``tanh_input``, ``sigmoid_input``):
   forward hooks on ``nn.ReLU``/``nn.ReLU6``/``nn.Tanh``/``nn.Sigmoid`` modules, registered
-  only for the collections the hook saves, recording the first training forward of a due
-  step (under gradient accumulation, its first micro-batch). Functional calls (``F.relu``)
+  only for the collections the hook saves, recording the first training batch of a due
+  step (under gradient accumulation, its first micro-batch; the callback calls
+  ``new_batch()`` as each one begins). Functional calls (``F.relu``)
   and fused activations (GELU inside a transformer block) cannot be seen.
 * **include_regex**: parameters and ``gradient/<param>`` names matching the hook's
   ``include_regex`` go to the ``default`` collection.
@@ -100,7 +101,6 @@ class TorchCapture:
         kinds = {kind for kind, cols in _ACTIVATIONS.items() if any(self.adapter.included(c) for c in cols)}
         if not kinds:
             return
-        self._handles.append(model.register_forward_pre_hook(safe(self._count_forward, self.on_error)))
         for qual, sub in model.named_modules():
             kind = self._kind(sub)
             if kind in kinds:
@@ -176,12 +176,12 @@ class TorchCapture:
                 f"gradient/{name}", local_tensor(grad), step=step, mode=ModeKeys.TRAIN, collection=collection
             )
 
-    # ------------------------------------------------------------------ activations
-    def _count_forward(self, module: Any, args: Any) -> None:
-        if module.training:
-            self._forwards += 1
-            self._calls = {}
+    def new_batch(self) -> None:
+        """A training (micro-)batch begins: activations are recorded for a step's first one."""
+        self._forwards += 1
+        self._calls = {}
 
+    # ------------------------------------------------------------------ activations
     def _activation_hook(self, qual: str, kind: str) -> Callable[[Any, Any, Any], None]:
         adapter = self.adapter
 
