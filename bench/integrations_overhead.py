@@ -232,14 +232,19 @@ def available(framework: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def table(results: dict[str, dict[str, list[float]]], reps: int, steps: int, wall: float) -> str:
+def table(results: dict[str, dict[str, list[float]]], reps: int, steps: int, wall: float, quick: bool) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
         f"`python bench/integrations_overhead.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {reps} repetitions of {steps} steps, "
         f"whole run {wall:.0f} s, 1-minute load {load:.1f} at the end). Each configuration ran in its own "
         "process, interleaved; ratio: median over repetitions of (callback run / no-callback run of the "
-        "same repetition). The callback at its defaults writes to a local folder.",
+        "same repetition). The callback at its defaults writes to a local folder."
+        + (
+            " **Quick run: tiny models instead of those named below; a smoke test, not figures.**"
+            if quick
+            else ""
+        ),
         "",
         "| training | step without callback | step with callback | ratio (median) | ratio range |",
         "|---|---:|---:|---:|---:|",
@@ -301,7 +306,7 @@ def main() -> None:
                 f"rep {rep + 1}/{args.reps} {framework:12s} {config:8s} {step_s * 1000:8.2f} ms/step",
                 flush=True,
             )
-    text = table(results, args.reps, args.steps, time.monotonic() - started)
+    text = table(results, args.reps, args.steps, time.monotonic() - started, args.quick)
     print("\n" + text)
     if not args.no_docs:
         write_section(text)

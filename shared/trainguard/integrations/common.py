@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -90,7 +89,3 @@ def metric_value(value: Any) -> Any:
         except (TypeError, ValueError):
             return None
     return None
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

@@ -199,6 +199,11 @@ class TrainguardCallback(Guarded, TrainerCallback):  # type: ignore[misc]
     def _setup(self, args: Any, model: Any) -> None:
         self._args = args
         if self.adapter.closed:
+            self.adapter.warn_once(
+                "closed-train",
+                "the hook was closed when the previous train() ended (close_on_train_end=True), so this "
+                "run is not recorded; create a new callback for a new run",
+            )
             return
         self.adapter.open(rank=int(args.process_index), world_size=int(args.world_size))
         if args.fp16 and self._gradients:
