@@ -415,7 +415,13 @@ class LocalCloud:
                 self._spawn(self._poll_bus_target, target, url, handlers[target])
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=fn, args=args, daemon=True, name=f"tg-local-{args[0]}")
+        operator = self.authority.credentials(LocalAuthority.OPERATOR) if self.authority else None
+
+        def run() -> None:
+            with clients.acting_as(operator):  # the runtime's own calls, whatever the environment
+                fn(*args)
+
+        thread = threading.Thread(target=run, daemon=True, name=f"tg-local-{args[0]}")
         thread.start()
         self._threads.append(thread)
 
