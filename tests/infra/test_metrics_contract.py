@@ -102,7 +102,9 @@ def test_every_queried_metric_is_published_with_exactly_its_dimensions(
     assert env["POWERTOOLS_SERVICE_NAME"]  # the variable that used to add a "service" dimension
     emitted = set(published(monkeypatch, capsys, env))
     wanted = queried(template)
-    assert len(wanted) >= 5  # rule alarms, the Error query, the dashboard's searches
+    # the rule alarms, the Error alarm's query, the dashboard's searches
+    assert {("trainguard", "IssuesFound", ("RuleName",)), ("trainguard", "Error", ("RuleName",))} <= wanted
+    assert ("trainguard", "TRAIN.loss", ("TrainingJobName",)) in wanted
     missing = wanted - emitted
     assert not missing, f"{fid}: alarms/dashboard query metrics it never publishes: {sorted(missing)}"
     # and nothing published under a dimension set nobody queries, except the per-job copies
