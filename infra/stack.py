@@ -236,12 +236,6 @@ class TrainguardStack(Stack):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        acknowledge(
-            log_bucket,
-            "S1",
-            "This bucket is the server-access-log target of the data bucket; logging it too would "
-            "need yet another bucket (or recurse). It is private, TLS-only, versioned and expires logs.",
-        )
         rules = [
             s3.LifecycleRule(
                 id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(7)
@@ -716,7 +710,11 @@ class TrainguardStack(Stack):
             )
 
     def _acknowledge_cdk_internals(self) -> None:
-        """The S3 → SQS notification is configured by a CDK-provided custom resource Lambda."""
+        """The S3 → SQS notification is configured by a CDK-provided custom resource Lambda.
+
+        (Its s3:PutBucketNotification on "*" is no longer reported by cdk-nag, and the access-log
+        bucket's S1 neither: acknowledging them would be stale suppressions.)
+        """
         for child in self.node.children:
             if not child.node.id.startswith("BucketNotificationsHandler"):
                 continue
@@ -726,13 +724,6 @@ class TrainguardStack(Stack):
                 "CDK's BucketNotificationsHandler (a deploy-time custom resource that sets the S3 "
                 "notification) uses the AWS-managed basic execution role for its logs.",
                 "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
-            )
-            acknowledge(
-                child,
-                "IAM5",
-                "CDK's BucketNotificationsHandler needs s3:PutBucketNotification; CDK grants it on '*'. "
-                "It runs only during deployment.",
-                "Resource::*",
             )
 
 

@@ -428,7 +428,9 @@ def cfn(stack: TrainguardStack, ref: Ref) -> Any:
         "bus": stack.bus.event_bus_arn,
         "alert-topic": stack.alert_topic.topic_arn,
         "topic-key": stack.topic_key.key_arn,
-        "sagemaker-training-job": f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job",
+        "sagemaker-training-job": (
+            f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job"
+        ),
         **{name: q.queue_arn for name, q in stack.dlqs.items()},
     }
     return stack.resolve(arns[ref.resource] + ref.suffix)
