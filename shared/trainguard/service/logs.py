@@ -65,6 +65,7 @@ def function_logger(function_id: str) -> Logger:
 
     service_name = WIRING.function(function_id).service_name
     logger = Logger(service=service_name)
+    logger.append_keys(name="%(name)s")  # which trainguard logger wrote the line
     _loggers[service_name] = logger
     package = logging.getLogger(PACKAGE_LOGGER)
     if not any(isinstance(h, _ThroughFunctionLogger) for h in package.handlers):
