@@ -80,7 +80,15 @@ def run():
             ended=False,
         )
         clean = SyntheticJob("clean-iam", steps=list(range(0, 10)), loss=noisy_decreasing(2))
-        for job in (faulty, clean):
+        # a job that stops writing: the clock's tick finds it stalled and publishes the change
+        stall = [
+            {
+                "RuleConfigurationName": "stall",
+                "RuleParameters": {"rule_to_invoke": "StalledTrainingRule", "threshold": "1"},
+            }
+        ]
+        stalled = SyntheticJob("stalled-iam", steps=[0, 1], rules=stall, ended=False)
+        for job in (faulty, clean, stalled):
             for rel, body in job.objects().items():
                 _put(f"jobs/{job.job}/{rel}", body)
         _put("jobs/clean-iam/steps/000000000099/worker-00000.safetensors", b"not a step object")
@@ -102,7 +110,13 @@ def run():
         )
         _hook_job(cloud)
         assert cloud.wait_idle(60)
-        time.sleep(1.5)  # a few clock ticks (120x speed-up: one every 0.5 s)
+        deadline = time.monotonic() + 60  # clock ticks every 0.5 s (120x speed-up)
+        while time.monotonic() < deadline and not any(
+            e["detail"].get("TrainingJobName") == "stalled-iam"
+            and e["detail"].get("RuleEvaluationStatus") == "IssuesFound"
+            for e in cloud.events
+        ):
+            time.sleep(0.2)
         assert cloud.wait_idle(30)
         yield cloud
 
@@ -171,6 +185,8 @@ def test_what_the_run_exercised(run):
     assert missing and all(c.error_code in ("NoSuchKey", "404") for c in missing)
     assert ("evaluate", "SendMessage") in operations
     assert ("report", "PutObject") in operations and ("stop_job", "PutObject") in operations
+    # the stalled job was caught by a tick, which published its status change
+    assert ("clock", "PutEvents") in operations
 
 
 def test_each_granted_action_is_one_the_code_calls(run):
