@@ -11,8 +11,8 @@ from ``inject_lambda_context``, ``service``...).
 In Lambda one process runs one function (``AWS_LAMBDA_FUNCTION_NAME`` is set): its logger
 takes every record. The local mode runs every function in one process (in threads); it names
 the running function with :func:`running`, so each record goes to the right function's
-logger. A record logged outside any function (the local runtime itself, a CLI, a test)
-propagates to the root logger as usual.
+logger. Outside Lambda every record also propagates to the root logger as usual (a record
+logged outside any function — the local runtime itself, a CLI, a test — only there).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ class _ThroughFunctionLogger(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         target = current_logger()
-        if target is None:
-            logging.getLogger().handle(record)  # what propagation would have done
-        elif record.levelno >= target.log_level:
+        if target is not None and record.levelno >= target.log_level:
             target.registered_handler.handle(record)
+
+
+def _in_lambda() -> bool:
+    return bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
 
 
 def current_logger() -> Logger | None:
@@ -48,7 +50,7 @@ def current_logger() -> Logger | None:
     name = _running.get()
     if name is not None and name in _loggers:
         return _loggers[name]
-    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") and len(_loggers) == 1:
+    if _in_lambda() and len(_loggers) == 1:
         return next(iter(_loggers.values()))
     return None
 
@@ -75,7 +77,9 @@ def function_logger(function_id: str) -> Logger:
     # level is applied per record by the handler
     levels = [lg.log_level for lg in _loggers.values()]
     package.setLevel(min(*levels, logging.getLogger().getEffectiveLevel()))
-    package.propagate = False
+    # In Lambda the runtime's root handler would print every record a second time, as plain
+    # text; elsewhere (local mode, tests) records also reach the root logger as usual.
+    package.propagate = not _in_lambda()
     return logger
 
 
