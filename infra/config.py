@@ -13,10 +13,14 @@ Keys (context names; the config file uses the same)::
                       rule-alarm topic, unfiltered (default: none; subscribe by hand)
     architecture      x86_64 (default) or arm64; the layer is built for the same
     layerAsset        a prebuilt layer folder (holding python/): skips the pip build (tests)
-    logLevel          LOG_LEVEL of the functions (default INFO)
+    logLevel          POWERTOOLS_LOG_LEVEL of the functions (default INFO)
     logRetentionDays  function log retention (default 30)
     dataRetentionDays job objects under the ingest prefix expire after this (default 90; 0: never)
-    busName           the custom EventBridge bus (default "trainguard")
+    busName           the custom EventBridge bus (default: the stack name, so that two stacks
+                      in one account and region each have their own)
+    sagemakerStop     "true": stop_job may call StopTrainingJob on a SageMaker training job
+                      that its launcher tagged trainguard:job=<job> (default false: only the
+                      cooperative stop signal; the role gets no SageMaker permission at all)
     ruleModules       custom rules: DIR:module[,DIR:module...] (DIR relative to the repo root);
                       each DIR becomes part of a second layer on the rule-evaluating functions
                       and each module (with RULES = [...]) is imported and validated at synth
@@ -111,6 +115,19 @@ def _as_int(key: str, value: Any) -> int:
         raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
 
 
+def _as_bool(key: str, value: Any) -> bool:
+    if value is None or value == "":
+        return False
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class RuleModuleSource:
     """One ``ruleModules`` entry: a folder shipped in the custom-rules layer, a module in it."""
@@ -143,7 +160,8 @@ class StackConfig:
     log_level: str = "INFO"
     log_retention_days: int = 30
     data_retention_days: int = 90
-    bus_name: str = "trainguard"
+    bus_name: str | None = None
+    sagemaker_stop: bool = False
     rule_modules: tuple[RuleModuleSource, ...] = ()
     #: ``defaultRules`` as validated, compact JSON (None: the built-in defaults)
     default_rules: str | None = None
@@ -165,7 +183,7 @@ class StackConfig:
             )
         if self.data_retention_days < 0:
             raise ConfigError("dataRetentionDays must be >= 0 (0 keeps job objects forever)")
-        if not _BUS.match(self.bus_name) or self.bus_name == "default":
+        if self.bus_name is not None and (not _BUS.match(self.bus_name) or self.bus_name == "default"):
             raise ConfigError(f"invalid busName {self.bus_name!r}")
         if self.layer_dir is not None and not (self.layer_dir / "python").is_dir():
             raise ConfigError(f"layerAsset {self.layer_dir} has no python/ folder")
@@ -215,7 +233,8 @@ class StackConfig:
             data_retention_days=_as_int(
                 "dataRetentionDays", 90 if get("dataRetentionDays") is None else get("dataRetentionDays")
             ),
-            bus_name=str(get("busName") or "trainguard"),
+            bus_name=str(get("busName")) if get("busName") else None,
+            sagemaker_stop=_as_bool("sagemakerStop", get("sagemakerStop")),
             rule_modules=tuple(
                 dict.fromkeys(RuleModuleSource.parse(e, repo) for e in _as_list(get("ruleModules")))
             ),

@@ -122,3 +122,31 @@ def aws(atomic_dynamodb) -> Iterator[Aws]:
 def aws_factory():
     """For tests that open their own ``mock_aws`` (e.g. one per hypothesis example)."""
     return make_aws
+
+
+# --- the synthesized stack, once per session, for tests that read what the template says ---
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory):
+    """(stack, template) of the default app with SageMaker stops enabled (stub layer, no nag)."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from aws_cdk.assertions import Template
+
+    from infra.app import build_app
+
+    layer = tmp_path_factory.mktemp("layer")
+    (layer / "python" / "trainguard").mkdir(parents=True)
+    (layer / "python" / "trainguard" / "__init__.py").write_text("")
+    _app, stack = build_app(
+        {"layerAsset": str(layer), "alertEmails": "ml@example.com", "sagemakerStop": "true"},
+        outdir=str(tmp_path_factory.mktemp("cdk.out")),
+        nag=False,
+        config_dir=tmp_path_factory.mktemp("no-config"),
+    )
+    return stack, Template.from_stack(stack).to_json()

@@ -31,7 +31,7 @@ TORCH_HINT = "the process imports PyTorch first: seconds, more on a busy machine
 def _job_env(cloud: LocalCloud, job: str) -> dict[str, str]:
     assert cloud.resources is not None
     env = dict(os.environ)
-    env.update(cloud.resources.client_env())
+    env.update(cloud.training_env(job))  # the training-job policy, tagged with this job
     env["TRAINGUARD_OUT_DIR"] = f"s3://{cloud.resources.bucket}/jobs/{job}"
     env["TRAINGUARD_JOB_NAME"] = job
     env.setdefault("PYTHONUNBUFFERED", "1")
