@@ -377,6 +377,12 @@ class BaseRule(ABC, Generic[C, S, D]):
     #: the engine's timer calls ``check`` for this rule
     uses_clock: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a rule of kind "clock" (custom rules written before uses_clock) is on the timer
+        if cls.__dict__.get("kind") == "clock" and "uses_clock" not in cls.__dict__:
+            cls.uses_clock = True
+
     def __init__(self, config: C) -> None:
         self.config = config
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.rules.base import AnyRule, Rule, RuleConfig, RuleState
+from trainguard.rules.base import AnyRule, BaseRule, Rule, RuleConfig, RuleState
 from trainguard.rules.registry import RULES as BUILTIN_RULES
 
 ENV_VAR = "TRAINGUARD_RULE_MODULES"
@@ -233,7 +233,7 @@ def validate_rule(cls: Any) -> RuleClass:
         raise PluginError(f"{name} does not implement update(state, step)")
     if cls.kind not in PLUGIN_KINDS:
         raise PluginError(f"{name}.kind must be one of {PLUGIN_KINDS}, got {cls.kind!r}")
-    if cls.kind == "clock" and not callable(getattr(cls, "check", None)):
+    if cls.kind == "clock" and cls.check is BaseRule.check:
         raise PluginError(f"{name} is a clock rule without check(state, now, started=...)")
     if not any(info.is_required() for info in config.model_fields.values()):
         # defaults alone must make a rule whose initial state survives storage
