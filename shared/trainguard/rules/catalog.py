@@ -99,7 +99,7 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "max_off_diag": ("0.1", "See min_diag."),
         "mode": (NOT_SAGEMAKER, "EVAL: one matrix per validation pass (None: every step, as SageMaker)."),
-        "start_step": (NOT_SAGEMAKER, "None = 100 training steps of warm-up before the first judgement."),
+        "start_step": (NOT_SAGEMAKER, "None = the first validation pass is a warm-up and not judged."),
     },
     "ClassImbalance": {
         "argmax": (
