@@ -834,32 +834,30 @@ REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "l1", "l2"
 
 
 def _stats_reduction(stats: TensorStats, name: str, absolute: bool) -> float | None:
-    """A reduction from saved statistics (None: they do not determine it)."""
+    """A reduction from saved statistics (None: they do not determine it, or were not computed)."""
     n = stats.numel
     if name in ("l1", "l2"):  # norms: abs makes no difference
         return stats.l1 if name == "l1" else stats.l2
     if not absolute:
-        plain = {
-            "min": stats.min,
-            "max": stats.max,
-            "mean": stats.mean,
-            "std": stats.std,
-            "variance": stats.std * stats.std,
-            "sum": stats.mean * n,
-        }
+        if name == "variance":
+            return None if stats.std is None else stats.std * stats.std
+        if name == "sum":
+            return None if stats.mean is None or n is None else stats.mean * n
+        plain = {"min": stats.min, "max": stats.max, "mean": stats.mean, "std": stats.std}
         return plain.get(name)
     if name == "mean":
         return stats.mean_abs
     if name == "sum":
         return stats.l1
+    lo, hi = stats.min, stats.max
     if name == "max":
-        return max(math.fabs(stats.min), math.fabs(stats.max))
-    if name == "min" and stats.zeros > 0:
+        return None if lo is None or hi is None else max(math.fabs(lo), math.fabs(hi))
+    if name == "min" and stats.zeros is not None and stats.zeros > 0:
         return 0.0
-    if name == "min" and stats.min >= 0.0:
-        return stats.min
-    if name == "min" and stats.max <= 0.0:
-        return math.fabs(stats.max)
+    if name == "min" and lo is not None and lo >= 0.0:
+        return lo
+    if name == "min" and hi is not None and hi <= 0.0:
+        return math.fabs(hi)
     return None
 
 

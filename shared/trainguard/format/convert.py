@@ -107,7 +107,9 @@ def is_nonfinite(modes: Mapping[Mode, ModeRecord]) -> bool:
             if stats is not None and (
                 stats.nan
                 or stats.inf
-                or not all(math.isfinite(v) for v in (stats.mean, stats.min, stats.max, stats.l2))
+                or not all(
+                    v is None or math.isfinite(v) for v in (stats.mean, stats.min, stats.max, stats.l2)
+                )
             ):
                 return True
     return False

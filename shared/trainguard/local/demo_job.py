@@ -23,7 +23,7 @@ DEMO_RULES = [
     },
     {
         "RuleConfigurationName": "LossNotDecreasing",
-        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
+        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
         "Actions": ["Email", "SMS"],
     },
     {

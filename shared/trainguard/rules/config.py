@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainguard.format.layout import INGEST_PREFIX, LayoutError, validate_job_name
-from trainguard.rules.base import Rule, RuleConfig
+from trainguard.rules.base import AnyRule, RuleConfig
 from trainguard.rules.plugins import load_plugins, rule_class
 from trainguard.rules.sagemaker import (
     MAX_DEBUG_RULES,
@@ -76,7 +76,7 @@ class ConfiguredRule:
     rule_name: str
     parameters: dict[str, str] = field(default_factory=dict)
     actions: tuple[str, ...] = DEFAULT_ACTIONS
-    rule: Rule[Any, Any] | None = None
+    rule: AnyRule | None = None
     error: str | None = None
     #: what the entry carried that was accepted but is not used here, and why
     notes: tuple[str, ...] = ()
@@ -197,14 +197,12 @@ def parse_one(entry: Any, index: int = 0) -> ConfiguredRule:
             actions,
             error=f"{rule_name} failed to start: {type(exc).__name__}: {exc}",
         )
-    if (
-        not notes
-        and rule_name == "TensorVariance"
-        and not {"max_threshold", "min_threshold"}
-        & {k for k, v in params.items() if v.strip() not in ("", "None", "none", "null")}
-    ):
+    if rule_name == "TensorVariance" and not {"max_threshold", "min_threshold"} & {
+        k for k, v in params.items() if v.strip() not in ("", "None", "none", "null")
+    }:
         notes.append(
-            "TensorVariance has neither max_threshold nor min_threshold (its defaults): it cannot fire"
+            "TensorVariance has neither max_threshold nor min_threshold (SageMaker's defaults, which "
+            "could never fire): trainguard's defaults apply (min 1e-5, max 10 on weights)"
         )
     return ConfiguredRule(name, rule_name, params, actions, rule=rule, notes=tuple(notes))
 

@@ -8,7 +8,7 @@ by ``trainguard report`` and by the stack's report function when the job ends.
 
 from __future__ import annotations
 
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData
 
 
 class CreateXgboostReportConfig(RuleConfig):
@@ -17,6 +17,8 @@ class CreateXgboostReportConfig(RuleConfig):
 
 class CreateXgboostReportState(RuleState):
     steps_seen: int = 0
+    #: steps that held XGBoost data (metrics, importances or trees)
+    steps_with_data: int = 0
 
 
 class CreateXgboostReport(Rule[CreateXgboostReportConfig, CreateXgboostReportState]):
@@ -30,8 +32,34 @@ class CreateXgboostReport(Rule[CreateXgboostReportConfig, CreateXgboostReportSta
     kind = "report"
     advice = "Open report/xgboost-report.html next to the job's data."
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        # what the report shows; none is needed for the rule's status
+        return (
+            RuleInput("XGBoost metrics", collections=("metrics",), scalars=True, required=False),
+            RuleInput(
+                "feature importances", collections=("feature_importance",), scalars=True, required=False
+            ),
+            RuleInput("XGBoost trees", collections=("trees",), statistics=("numel", "max"), required=False),
+        )
+
+    def coverage(self, state: CreateXgboostReportState) -> Coverage:
+        return self.covered(
+            state.steps_with_data,
+            "steps of XGBoost data for the report",
+            "collected",
+            received=[state.steps_with_data] * 3,
+        )
+
     def update(
         self, state: CreateXgboostReportState, step: StepData
     ) -> tuple[CreateXgboostReportState, list[Finding]]:
         state.steps_seen += 1
+        inputs = self.reads()
+        scalars = any(
+            i.selects(name, s.collections, mode, scalar=True)
+            for mode, name, _, s in step.scalars()
+            for i in inputs
+        )
+        if scalars or any(True for i in inputs if not i.scalars for _ in step.select(i)):
+            state.steps_with_data += 1
         return state, []
