@@ -258,6 +258,15 @@ GRANTS: dict[str, tuple[Statement, ...]] = {
             (Condition("ForAllValues:StringEquals", "dynamodb:LeadingKeys", ("idempotency#{function}",)),),
         ),
     ),
+    # a function's own versioned items in its own partition: read, conditional put (sagemaker_events)
+    "table:own-items": (
+        Statement(
+            "OwnPartitionItems",
+            ("dynamodb:GetItem", "dynamodb:PutItem"),
+            (Ref("table"),),
+            (Condition("ForAllValues:StringEquals", "dynamodb:LeadingKeys", ("idempotency#{function}",)),),
+        ),
+    ),
     "bus:put": (
         Statement(
             "PutStatusEvents",
@@ -447,7 +456,7 @@ WIRING = Wiring(
             ),
             # its own views (pk idempotency#sagemaker_events); PutEvents to the default bus;
             # DescribeTrainingJob + ListTags to prove a claimed SageMaker job is the job's
-            grants=("table:idempotency", "default-bus:put", "sagemaker:read-owned"),
+            grants=("table:own-items", "default-bus:put", "sagemaker:read-owned"),
         ),
     ),
     bus_rules=(

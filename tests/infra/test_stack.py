@@ -490,7 +490,10 @@ def test_least_privilege_per_function(stack: TrainguardStack, template: dict[str
     assert actions("notify") == logs | idempotency | {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}
     # SageMaker-shaped events: its own views, the default bus, and reading (never stopping) jobs
     owned = {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags"}
-    assert actions("sagemaker_events") == logs | idempotency | {"events:PutEvents"} | owned
+    assert (
+        actions("sagemaker_events")
+        == logs | {"dynamodb:GetItem", "dynamodb:PutItem", "events:PutEvents"} | owned
+    )
     by_sid = {s["Sid"]: s for fid in ("notify", "evaluate") for s in grants_statements(template, stack, fid)}
     # notify touches only its own idempotency partition; the job functions only job partitions
     assert by_sid["OwnIdempotencyRecords"]["Condition"] == {
@@ -515,7 +518,7 @@ def test_least_privilege_per_function(stack: TrainguardStack, template: dict[str
     ]
     assert not any(a == "sagemaker:StopTrainingJob" for f in WIRING.functions for a in actions(f.id))
     converter = {s["Sid"]: s for s in grants_statements(template, stack, "sagemaker_events")}
-    assert converter["OwnIdempotencyRecords"]["Condition"] == {
+    assert converter["OwnPartitionItems"]["Condition"] == {
         "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["idempotency#sagemaker_events"]}
     }
     assert converter["PutSageMakerShapedEvents"]["Condition"] == {

@@ -34,7 +34,7 @@ def test_every_rank_records_its_worker_and_all_stop_at_the_same_step(tmp_path):
     assert [r["global_step"] for r in ranks] == [4, 4]
     assert [r["stopped_at_step"] for r in ranks] == [4, 4]
     trial = trainguard.create_trial(job)
-    assert trial.workers() == [0, 1]
+    assert trial.ranks() == [0, 1]
     assert trial.manifest.world_size == 2
     for worker in (0, 1):
         assert trial.steps(mode="TRAIN", worker=worker) == [1, 2, 3, 4]

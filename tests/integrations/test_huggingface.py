@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="the [huggingface] extra is not installed")
 
 import trainguard  # noqa: E402
-from conftest import wait_for, write_stop_signal  # noqa: E402
+from callback_helpers import wait_for, write_stop_signal  # noqa: E402
 from trainguard import Collection, SaveConfig  # noqa: E402
 from trainguard.integrations.huggingface import TrainguardCallback  # noqa: E402
 from transformers import (  # noqa: E402

@@ -16,7 +16,7 @@ if keras.backend.backend() != "torch":
     pytest.skip("these tests run Keras on the torch backend", allow_module_level=True)
 
 import trainguard  # noqa: E402
-from conftest import wait_for, write_stop_signal  # noqa: E402
+from callback_helpers import wait_for, write_stop_signal  # noqa: E402
 from trainguard import Collection, SaveConfig  # noqa: E402
 from trainguard.integrations.keras import TrainguardCallback  # noqa: E402
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning.pytorch", reason="the [lightning] extra is not installed")
 
 import trainguard  # noqa: E402
-from conftest import wait_for, write_stop_signal  # noqa: E402
+from callback_helpers import wait_for, write_stop_signal  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from trainguard import Collection, SaveConfig  # noqa: E402

@@ -312,7 +312,7 @@ def test_the_wiring_routes_every_status_event_to_the_converter():
     [rule] = [r for r in WIRING.bus_rules if r.target == "sagemaker_events"]
     assert rule.pattern == {"source": ["trainguard"], "detail-type": [DETAIL_TYPE, JOB_DETAIL_TYPE]}
     assert set(WIRING.function("sagemaker_events").grants) == {
-        "table:readwrite",
+        "table:own-items",
         "default-bus:put",
-        "sagemaker:read",
+        "sagemaker:read-owned",
     }

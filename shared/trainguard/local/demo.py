@@ -75,6 +75,7 @@ class LocalRun:
             pid=os.getpid(),
             started=time.time(),
             endpoint=res.endpoint,
+            access_key=res.access_key,
             table=res.table,
             bucket=res.bucket,
         )

@@ -89,6 +89,9 @@ class Session:
     endpoint: str | None = None
     table: str | None = None
     bucket: str | None = None
+    #: while it runs: the local cloud's own (moto) key pair, so ``trainguard status`` passes
+    #: its enforced IAM; dropped from the file when the run ends
+    access_key: tuple[str, str] | None = None
     finished: float | None = None
     jobs: list[str] = field(default_factory=list)
     dead_letters: list[str] = field(default_factory=list)
@@ -107,6 +110,7 @@ class Session:
             "started": self.started,
             "finished": self.finished,
             "endpoint": self.endpoint if self.finished is None else None,
+            "access_key": list(self.access_key) if self.access_key and self.finished is None else None,
             "table": self.table,
             "bucket": self.bucket,
             "jobs": self.jobs,
@@ -130,6 +134,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _key_pair(value: Any) -> tuple[str, str] | None:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return value[0], value[1]
+    return None
+
+
 def read_session(runs: Path) -> Session | None:
     """The session file of ``runs``, or None when there is none. A damaged one is an error."""
     path = results_dir(runs) / SESSION
@@ -143,6 +153,7 @@ def read_session(runs: Path) -> Session | None:
             pid=int(doc["pid"]),
             started=float(doc["started"]),
             endpoint=doc.get("endpoint"),
+            access_key=_key_pair(doc.get("access_key")),
             table=doc.get("table"),
             bucket=doc.get("bucket"),
             finished=None if doc.get("finished") is None else float(doc["finished"]),
@@ -381,12 +392,13 @@ def live_state_store(session: Session) -> Any:
 
     if not session.endpoint or not session.table:
         raise CommandError(f"{results_dir(session.runs) / SESSION}: the running session names no endpoint")
+    key_id, secret = session.access_key or ("testing", "testing")  # moto's fixed test keys
     ddb = boto3.client(
         "dynamodb",
         endpoint_url=session.endpoint,
         region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",  # noqa: S106 - moto's fixed test credentials, not a secret
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
         config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2}),
     )
     return StateStore(session.table, ddb)
