@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/hook_overhead.py
 	$(BIN)/python bench/monitor_overhead.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/integrations_overhead.py
 
 # Trains what the corpus cache lacks (resumable; TG_ACCURACY_CACHE moves it), then rescores
 # every stored run and rewrites docs/accuracy.md. ACCURACY_WORKERS=1 on a busy machine.

@@ -1,31 +1,30 @@
-"""The evaluate pipeline: handler time per object, local end-to-end latency, AWS requests, cold start, cost.
+"""The service benchmarks: does the local pipeline keep up, how fast a NaN stops a job, what it costs.
 
-    python bench/pipeline.py          # ~3 minutes on 2 cores; rewrites "## Pipeline" in docs/benchmarks.md
-    python bench/pipeline.py --quick  # a smoke run (CI): few repetitions, docs left alone
+    python bench/pipeline.py          # the full run (~10 min); rewrites "## Pipeline" in docs/benchmarks.md
+    python bench/pipeline.py --quick  # a smoke run with tiny sizes; docs left alone
 
-Every figure is taken in one run, side by side, on whatever machine runs it:
+Every configuration runs in its own process (``--config``), with its own local cloud
+(``LocalCloud``: a moto server and the real handlers) and its own training process
+(``--train``) whose worker threads write format-2 segments to the local S3. The workers
+are ``WRITER``: today a synthetic writer that builds each step's records (a loss, gradient
+and weight statistics, ReLU activity: what the default rules read) and cuts them into
+segments with the hook's window rules (``trainguard.format.convert.SegmentWriter``, the same
+``encode_segment``); ``hook_worker`` writes through the real ``trainguard.Hook`` instead.
 
-1. Pure path per step object (no AWS): decode the step header from the object's bytes
-   (``step_arrival``), buffer it as the store does (zlib JSON, then parsed back as the
-   next load would), load the job state from its zlib JSON, ``advance()`` over the new
-   step with the default rule set (5 rules), dump and zlib the state back. Small model
-   (``layers=1``, 3 tensors) and large model (``layers=50``, 101 tensors), after a warm-up.
-2. Local end-to-end latency: ``LocalCloud`` (moto server + the real handlers, same
-   process); per job, the manifest and the first steps are written and the pipeline is
-   left to settle, then the object holding a NaN gradient is PUT; the clock starts before
-   that PUT and stops when the IssuesFound event reaches the bus observer (``on_event``)
-   and when SNS has recorded the publish (``sent_notifications()`` polled every 5 ms).
-3. Requests per step object: an ``EvaluateService`` on the same moto server (its own
-   ingest prefix, so the local pollers do not race it) fed a steady stream of one job's
-   step objects, one per invocation (``handle_object``) and in batches of 10 (ingest all,
-   then ``advance_job`` once: the handler's batch path). DynamoDB requests from
-   ``StateStore.requests``, S3 from a botocore ``before-call.s3`` hook, EventBridge from
-   ``Publisher.requests``; item sizes are computed from the items as stored.
-4. Cold import of ``functions/evaluate/handler.py`` in fresh interpreters, with the
-   ``.pyc`` files present and with none (an empty ``PYTHONPYCACHEPREFIX`` and
-   ``PYTHONDONTWRITEBYTECODE=1``).
-5. Cost at us-east-1 list prices from the counts and times above (see the notes printed
-   with the table for what is measured and what is assumed).
+1. **Evaluate CPU per step** (no AWS): decode a segment's header, then ``advance()`` over its
+   steps with the 5 default rules, and the state's dump.
+2. **Throughput**: N workers x R steps/s for T seconds; every 0.5 s the job's watermark
+   (last step evaluated) is read and compared with the newest step the workers recorded.
+3. **NaN to stop**: a NaN at a random step of a random worker; the time from the moment the
+   worker records it to the moment the job sees ``control/stop.json`` (polled every 20 ms
+   from the training process), over K runs (ExplodingTensor with the StopTraining action).
+4. **Requests and cost**: per configuration (1 and 8 workers at 15 ms, 100 ms and 1 s steps),
+   the requests made while the job runs, counted where they are made (the training process
+   counts its S3 PUTs; botocore hooks in the local cloud count SQS records, evaluate
+   invocations and their duration, DynamoDB requests and capacity units from the items'
+   sizes, S3 GETs, PutEvents entries), per 1,000 training steps and per worker-hour, and the
+   cost of 10 hours at us-east-1 list prices.
+5. **Cold import** of ``functions/evaluate/handler.py`` in fresh interpreters.
 """
 
 from __future__ import annotations
@@ -35,17 +34,17 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_plus
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
@@ -70,19 +69,21 @@ PRICE = {
     "s3_put": 0.005e-3,
     "s3_get": 0.0004e-3,
     "event": 1.00e-6,
-    "sns_publish": 0.50e-6,
-    "email": 2.0e-5,
-    "sagemaker_rule_hour": 0.23,
 }
 EVALUATE_MEMORY_GB = 1024 / 1024  # trainguard.wiring: evaluate memory_mb=1024
-TARGET_SMALL_MS = 10.0
-TARGET_P50_MS, TARGET_P95_MS = 250.0, 1000.0
+TARGET_STEP_MS = 1.0
+TARGET_NAN_P50_S, TARGET_NAN_P95_S = 2.0, 5.0
+TARGET_WORKER_HOUR = 0.02
 TARGET_IMPORT_S = 1.0
+WINDOW_S = 1.0  # the segment window of the synthetic writer (the hook's default may differ)
+STOP_POLL_S = 0.02
+#: a NaN run that is not stopped this long after its planned end counts as not stopped
+NAN_PATIENCE_S = 20.0
 
 
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
+    ordered = sorted(v for v in values if not math.isnan(v))
     if not ordered:
         return math.nan
     rank = max(1, math.ceil(q / 100 * len(ordered)))
@@ -94,82 +95,283 @@ def ms(seconds: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
-# ------------------------------------------------------------------------ 1. pure path
-def bench_pure(layers: int, warm: int, measure: int) -> dict[str, Any]:
-    from trainguard.engine.evaluator import advance, apply_manifest
-    from trainguard.engine.model import JobState, StepArrival
-    from trainguard.engine.sources import step_arrival
-    from trainguard.engine.store import _pack, _unpack
+def default_rules(stop: bool) -> list[dict[str, Any]]:
+    """The default rule set; with ``stop``, ExplodingTensor also stops the job."""
+    from trainguard.rules.config import DEFAULT_RULES
+
+    rules: list[dict[str, Any]] = []
+    for name in DEFAULT_RULES:
+        entry: dict[str, Any] = {"RuleConfigurationName": name, "RuleParameters": {"rule_to_invoke": name}}
+        if stop and name == "ExplodingTensor":
+            entry["Actions"] = ["StopTraining"]
+        rules.append(entry)
+    return rules
+
+
+# ============================================================== the training process (--train)
+@dataclass
+class TrainRun:
+    job: str
+    seconds: float
+    #: (worker, step) that records a NaN loss and gradient; None: a clean run
+    nan: tuple[int, int] | None = None
+
+
+@dataclass
+class TrainPlan:
+    bucket: str
+    workers: int
+    rate: float
+    window_s: float
+    runs: list[TrainRun]
+    stop_rules: bool = False
+
+
+class WorkerContext:
+    """What one worker thread needs: its schedule, a place to write, a way to report."""
+
+    def __init__(self, plan: TrainPlan, run: TrainRun, worker: int, trainer: Trainer) -> None:
+        self.plan, self.run, self.worker, self.trainer = plan, run, worker, trainer
+        self.job = run.job
+        self.out_dir = f"s3://{plan.bucket}/jobs/{run.job}"
+        self.last_step: int | None = None
+
+    def schedule(self) -> Iterator[tuple[int, bool]]:
+        """(step, is_nan) at ``rate`` steps/s until the run's time is up or the job was stopped.
+
+        Steps keep an absolute schedule (no drift); between steps ``idle`` runs, so a writer
+        can close a window whose time ran out.
+        """
+        t0 = self.trainer.t0
+        # a clean run ends on time; a NaN run goes on until the job is stopped (or gives up)
+        until = self.run.seconds if self.run.nan is None else self.run.seconds + NAN_PATIENCE_S
+        step = 0
+        while not self.trainer.stopped.is_set():
+            due = t0 + step / self.plan.rate
+            if due - t0 > until:
+                return
+            while (now := time.time()) < due:
+                self.idle(now)
+                time.sleep(min(0.02, due - now))
+            nan = self.run.nan == (self.worker, step)
+            yield step, nan
+            self.last_step = step
+            self.trainer.recorded(self.worker, step, nan)
+            step += 1
+
+    def idle(self, now: float) -> None:
+        """Called between steps (the synthetic writer closes a window on time here)."""
+
+    def put(self, key: str, data: bytes) -> None:
+        self.trainer.put(f"jobs/{self.job}/{key}", data)
+
+
+def synthetic_worker(ctx: WorkerContext) -> None:
+    """Records like the hook's (SyntheticJob's step records), windows like the hook's."""
     from trainguard.format import documents as d
-    from trainguard.format.layout import INGEST_PREFIX, parse_key, step_key
-    from trainguard.local.synthetic import SyntheticJob
+    from trainguard.format.convert import SegmentWriter, WindowRules
+    from trainguard.format.layout import end_key
+    from trainguard.local.synthetic import SyntheticJob, noisy_decreasing
 
-    job = SyntheticJob(f"pure-{layers}", layers=layers, ended=False)
-    now = time.time()
-    manifest = d.Manifest(job=job.job, created=now, hook_version="bench", world_size=1, rules=None)
-    state = apply_manifest(JobState(job=job.job), manifest, now).state
-    assert len(state.rules) == 5, [r.name for r in state.rules]
-    blob = _pack(state.model_dump(mode="json"))
-    phases: dict[str, list[float]] = {k: [] for k in ("decode", "buffer", "load", "advance", "dump")}
-    totals: list[float] = []
-    prev: int | None = None
-    sizes: dict[str, int] = {}
-    clock, cpu = time.perf_counter, time.thread_time
-    cpu_totals: list[float] = []
-    for step in range(warm + measure):
-        raw = d.encode_step(job.header(step, 0, prev, now + step), {})
-        ref = parse_key(f"{INGEST_PREFIX}{job.job}/{step_key(step, 0)}")
-        prev = step
-        c0 = cpu()
-        t0 = clock()
-        arrival = step_arrival(ref, raw, len(raw))  # the handler decodes from the ranged GET's bytes
-        t1 = clock()
-        assert arrival.header is not None and arrival.bad is None, arrival.bad
-        hdr = zlib.compress(arrival.header.model_dump_json().encode(), 6)  # StateStore.put_arrival
-        buffered = StepArrival(  # StateStore.load → _arrival
-            arrival.step,
-            arrival.worker,
-            arrival.prev_step,
-            d.StepHeader.model_validate_json(zlib.decompressobj().decompress(hdr, 64 * 1024 * 1024)),
+    plan = ctx.plan
+    writer = SegmentWriter(ctx.job, ctx.worker, plan.workers, WindowRules(window_s=plan.window_s))
+    clean = SyntheticJob(ctx.job, world_size=plan.workers, loss=noisy_decreasing(ctx.worker))
+    lock = threading.Lock()
+
+    def idle(now: float) -> None:
+        with lock:
+            closed = writer.poll(now)
+        if closed is not None:
+            ctx.put(closed.key, closed.data)
+
+    ctx.idle = idle  # type: ignore[method-assign]
+    for step, nan in ctx.schedule():
+        # a NaN step: the gradient statistics hold a NaN (ExplodingTensor reads them)
+        source = SyntheticJob(ctx.job, world_size=plan.workers, nan_steps=frozenset({step})) if nan else clean
+        modes = source.header(step, ctx.worker, None, 0.0).modes
+        with lock:
+            closed = writer.add(step, time.time(), modes)
+        for segment in closed:
+            ctx.put(segment.key, segment.data)
+    final = writer.close()
+    if final is not None:
+        ctx.put(final.key, final.data)
+    marker = d.EndMarker(
+        job=ctx.job,
+        worker=ctx.worker,
+        world_size=plan.workers,
+        last_step=ctx.last_step,
+        wall_time=time.time(),
+        stopped=ctx.trainer.stopped.is_set(),
+        segments=writer.segments_written,
+        steps_written=0 if ctx.last_step is None else ctx.last_step + 1,
+    )
+    ctx.put(end_key(ctx.worker), d.dump_document(marker))
+
+
+def hook_worker(ctx: WorkerContext) -> None:
+    """The same schedule through the real ``trainguard.Hook`` (its own windows, manifest, end marker)."""
+    import trainguard
+
+    rules = default_rules(ctx.plan.stop_rules)
+    with trainguard.Hook(
+        ctx.out_dir, rank=ctx.worker, world_size=ctx.plan.workers, rules=rules, raise_on_stop=False
+    ) as hook:
+        for step, nan in ctx.schedule():
+            value = math.nan if nan else 1.0 / (1 + step)
+            hook.save_scalar("loss", value, step=step, collections=["losses"])
+
+
+#: the writer every worker runs: switch to ``hook_worker`` once the hook writes segments
+WRITER: Callable[[WorkerContext], None] = synthetic_worker
+
+
+class Trainer:
+    """The training process: one thread per worker; reports progress as JSON lines on stdout."""
+
+    def __init__(self, plan: TrainPlan) -> None:
+        import boto3
+
+        self.plan = plan
+        self.s3 = boto3.client("s3")
+        self.lock = threading.Lock()
+        self.puts = 0
+        self.put_bytes = 0
+        self.t0 = 0.0
+        self.newest: dict[int, int] = {}
+        self.stopped = threading.Event()
+        self.nan_recorded = threading.Event()
+
+    def emit(self, **event: Any) -> None:
+        with self.lock:
+            print(json.dumps(event), flush=True)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.s3.put_object(Bucket=self.plan.bucket, Key=key, Body=data)
+        with self.lock:
+            self.puts += 1
+            self.put_bytes += len(data)
+
+    def recorded(self, worker: int, step: int, nan: bool) -> None:
+        with self.lock:
+            self.newest[worker] = step
+        if nan:
+            self.nan_recorded.set()
+            self.emit(e="nan", worker=worker, step=step, t=time.time())
+
+    def run(self, run: TrainRun) -> None:
+        from trainguard.format import documents as d
+        from trainguard.format.layout import MANIFEST, STOP_SIGNAL
+
+        self.stopped.clear()
+        self.nan_recorded.clear()
+        self.newest = {}
+        puts_before = self.puts
+        if WRITER is synthetic_worker:
+            manifest = d.Manifest(
+                job=run.job,
+                created=time.time(),
+                hook_version="bench",
+                world_size=self.plan.workers,
+                rules=default_rules(self.plan.stop_rules),
+            )
+            self.put(f"jobs/{run.job}/{MANIFEST}", d.dump_document(manifest))
+        time.sleep(0.5)  # the manifest is evaluated before the first segment, as in a real job
+        self.t0 = time.time()
+        done = threading.Event()
+
+        def watch_stop() -> None:
+            while not done.is_set():
+                try:
+                    self.s3.head_object(Bucket=self.plan.bucket, Key=f"jobs/{run.job}/{STOP_SIGNAL}")
+                except Exception:  # not there yet: keep polling
+                    time.sleep(STOP_POLL_S)
+                    continue
+                self.emit(e="stop", job=run.job, t=time.time())
+                self.stopped.set()
+                return
+
+        def report() -> None:
+            while not done.wait(0.25):
+                with self.lock:
+                    newest, puts = dict(self.newest), self.puts - puts_before
+                self.emit(e="progress", job=run.job, t=time.time(), newest=newest, puts=puts)
+
+        helpers = [threading.Thread(target=report, daemon=True)]
+        if run.nan is not None:
+            helpers.append(threading.Thread(target=watch_stop, daemon=True))
+        for thread in helpers:
+            thread.start()
+        workers = [
+            threading.Thread(
+                target=WRITER, args=(WorkerContext(self.plan, run, w, self),), name=f"worker-{w}"
+            )
+            for w in range(self.plan.workers)
+        ]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        done.set()
+        with self.lock:
+            newest = dict(self.newest)
+        self.emit(
+            e="run_done",
+            job=run.job,
+            t=time.time(),
+            seconds=time.time() - self.t0,
+            puts=self.puts - puts_before,
+            newest=newest,
+            steps=sum(s + 1 for s in newest.values()),
         )
-        t2 = clock()
-        loaded = JobState.model_validate(_unpack(blob))
-        t3 = clock()
-        out = advance(loaded, [buffered], now + step)
-        t4 = clock()
-        blob = _pack(out.state.model_dump(mode="json"))
-        t5 = clock()
-        c5 = cpu()
-        assert out.state.steps_evaluated == step + 1
-        if step >= warm:
-            totals.append(t5 - t0)
-            cpu_totals.append(c5 - c0)
-            for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-                phases[key].append(value)
-        sizes = {"object": len(raw), "header_blob": len(hdr), "state_blob": len(blob)}
-    statuses = {r.name: r.status for r in out.state.rules}
-    assert all(s == "InProgress" for s in statuses.values()), statuses
-    tensors = sum(len(m.tensors) for m in job.header(0, 0, None, now).modes.values())
-    return {
-        "layers": layers,
-        "tensors": tensors,
-        "p50": statistics.median(totals),
-        "p95": pct(totals, 95),
-        "cpu_p50": statistics.median(cpu_totals),
-        "phases": {k: statistics.median(v) for k, v in phases.items()},
-        "sizes": sizes,
-        "n": len(totals),
-        "steps": warm + measure,
-    }
 
 
-# ------------------------------------------------------------------- local cloud helpers
-def ddb_item_size(item: dict[str, Any]) -> int:
-    """DynamoDB item size: attribute names plus values (S: UTF-8 bytes, B: bytes, N: ~digits/2+1)."""
+def train_main(plan_json: str) -> int:
+    raw = json.loads(plan_json)
+    runs = [TrainRun(r["job"], r["seconds"], tuple(r["nan"]) if r["nan"] else None) for r in raw["runs"]]
+    plan = TrainPlan(**{**raw, "runs": runs})
+    trainer = Trainer(plan)
+    for run in plan.runs:
+        trainer.run(run)
+    trainer.emit(e="done", put_bytes=trainer.put_bytes)
+    return 0
+
+
+# ====================================================== one configuration (--config), local cloud
+@dataclass
+class Config:
+    kind: str  # "pure", "throughput", "nan", "cost", "import"
+    workers: int = 1
+    rate: float = 10.0
+    seconds: float = 5.0
+    runs: int = 1
+    window_s: float = WINDOW_S
+    steps: int = 1000
+    layers: int = 1
+    repeats: int = 3
+    label: str = ""
+
+
+@dataclass
+class Counters:
+    """AWS requests as the local cloud sees them (botocore hooks on the service's clients)."""
+
+    evaluate_invocations: int = 0
+    evaluate_records: int = 0
+    evaluate_seconds: list[float] = field(default_factory=list)
+    ddb: dict[str, int] = field(default_factory=dict)
+    wru: float = 0.0
+    rru: float = 0.0
+    s3_gets: int = 0
+    events: int = 0
+
+
+def item_bytes(item: dict[str, Any]) -> int:
+    """DynamoDB's item size: attribute names plus values (S: UTF-8, B: bytes, N: ~digits/2+1)."""
     size = 0
     for name, value in item.items():
         size += len(name.encode())
-        (kind, raw), *_ = value.items()
+        ((kind, raw),) = value.items()
         if kind == "S":
             size += len(raw.encode())
         elif kind == "B":
@@ -181,224 +383,307 @@ def ddb_item_size(item: dict[str, Any]) -> int:
     return size
 
 
-def put(s3: Any, bucket: str, key: str, body: bytes) -> None:
-    s3.put_object(Bucket=bucket, Key=key, Body=body)
+def watch_requests(cloud: Any) -> Counters:
+    """Count what the evaluate function does (its poller's thread), not the other functions."""
+    from trainguard.service import evaluate
 
-
-# ---------------------------------------------------------------------- 2. end-to-end
-def bench_latency(cloud: Any, jobs: int, warmup: int, before: int = 3) -> dict[str, Any]:
-    from trainguard.format.layout import step_key
-    from trainguard.local.synthetic import SyntheticJob
-    from trainguard.service import clients
-
-    s3 = clients.client("s3")
-    bucket = cloud.resources.bucket
-    clock = time.perf_counter
-    firing = step_key(before, 0)
-    bus_seen: dict[str, float] = {}
-    eval_spans: dict[
-        str, tuple[float, float]
-    ] = {}  # job -> (start, end) of the invocation with the firing key
-    notify_spans: dict[str, tuple[float, float]] = {}
-    durations: list[tuple[str, str, float]] = []  # (kind, job, seconds) of one-object invocations
+    counters = Counters()
+    service = evaluate.service()  # the process's pipeline: the handler's own
     lock = threading.Lock()
 
-    def on_event(event: dict[str, Any]) -> None:
-        detail = event.get("detail", {})
-        if detail.get("RuleEvaluationStatus") == "IssuesFound":
-            with lock:
-                bus_seen.setdefault(detail["TrainingJobName"], clock())
+    def evaluating() -> bool:
+        return threading.current_thread().name == "tg-local-evaluate"
 
     def on_invoke(fid: str, event: dict[str, Any], result: Any, seconds: float) -> None:
-        end = clock()
+        if fid == "evaluate":
+            with lock:
+                counters.evaluate_invocations += 1
+                counters.evaluate_records += len(event.get("Records", []))
+                counters.evaluate_seconds.append(seconds)
+
+    def ddb_params(params: dict[str, Any], model: Any, **_: Any) -> None:
+        if not evaluating():
+            return
+        op = model.name
+        units = 0.0
+        if op == "PutItem":
+            units = math.ceil(item_bytes(params["Item"]) / 1024)
+        elif op == "TransactWriteItems":
+            units = 2 * sum(math.ceil(item_bytes(t["Put"]["Item"]) / 1024) for t in params["TransactItems"])
+        elif op == "BatchWriteItem":
+            units = sum(len(v) for v in params["RequestItems"].values())  # deletes of ~100-byte pointers
         with lock:
-            if fid == "evaluate":
-                keys = [
-                    unquote_plus(s3_record["s3"]["object"]["key"])
-                    for record in event.get("Records", [])
-                    for s3_record in json.loads(record["body"]).get("Records", [])
-                ]
-                for key in keys:
-                    if key.endswith(firing):
-                        eval_spans.setdefault(key.split("/")[1], (end - seconds, end))
-                if len(keys) == 1:
-                    kind = "firing" if keys[0].endswith(firing) else keys[0].split("/")[2]
-                    durations.append((kind, keys[0].split("/")[1], seconds))
-            elif fid == "notify":
-                name = event.get("detail", {}).get("TrainingJobName", "")
-                notify_spans.setdefault(name, (end - seconds, end))
-                durations.append(("notify", name, seconds))
+            counters.ddb[op] = counters.ddb.get(op, 0) + 1
+            counters.wru += units
 
-    cloud.on_event.append(on_event)
+    def ddb_read(parsed: dict[str, Any], model: Any, **_: Any) -> None:
+        if evaluating() and model.name in ("Query", "GetItem"):
+            items = parsed.get("Items") or ([parsed["Item"]] if parsed.get("Item") else [])
+            with lock:
+                counters.rru += max(1, math.ceil(sum(item_bytes(i) for i in items) / 4096))
+
+    def s3_get(model: Any, **_: Any) -> None:
+        if evaluating() and model.name == "GetObject":
+            with lock:
+                counters.s3_gets += 1
+
+    def put_events(params: dict[str, Any], **_: Any) -> None:
+        if not evaluating():
+            return
+        with lock:
+            counters.events += len(params.get("Entries", []))
+
     cloud.on_invoke.append(on_invoke)
-    marks: dict[str, tuple[float, float, float]] = {}
-    try:
-        for i in range(warmup + jobs):
-            name = f"lat-{i:03d}"
-            job = SyntheticJob(name, steps=range(before + 1), nan_steps=frozenset({before}), ended=False)
-            objects = job.objects()
-            for rel, body in objects.items():  # one object at a time, each evaluated before the next
-                if rel != firing:
-                    put(s3, bucket, f"jobs/{name}/{rel}", body)
-                    if not cloud.wait_idle(timeout=30, settle=0.05):
-                        raise RuntimeError("local cloud did not settle")
-            already = len(cloud.sent_notifications())
-            t_put = clock()
-            put(s3, bucket, f"jobs/{name}/{firing}", objects[firing])
-            t_put_done = clock()
-            t_sns = None
-            deadline = t_put + 20
-            while clock() < deadline:
-                sent = cloud.sent_notifications()[already:]
-                if any(name in n["subject"] for n in sent):
-                    t_sns = clock()
-                    break
-                time.sleep(0.005)
-            if t_sns is None:
-                raise RuntimeError(f"{name}: no SNS publish within 20 s ({cloud.errors[-3:]})")
-            if i >= warmup:
-                marks[name] = (t_put, t_put_done, t_sns)
-        cloud.wait_idle(timeout=30, settle=0.1)
-    finally:
-        cloud.on_event.remove(on_event)
-        cloud.on_invoke.remove(on_invoke)
-    # the callbacks run after the handlers return: read them once everything has settled
-    rows: list[dict[str, float]] = []
-    for name, (t_put, t_put_done, t_sns) in marks.items():
-        ev = eval_spans.get(name, (math.nan, math.nan))
-        nt = notify_spans.get(name, (math.nan, math.nan))
-        rows.append(
-            {
-                "put": t_put_done - t_put,
-                "to_eval_start": ev[0] - t_put,
-                "eval": ev[1] - ev[0],
-                "to_bus": bus_seen.get(name, math.nan) - t_put,
-                "to_notify_end": nt[1] - t_put,
-                "to_sns": t_sns - t_put,
-            }
-        )
-    by_kind: dict[str, list[float]] = {}
-    for kind, job_name, seconds in durations:
-        if job_name in marks:  # not the warm-up jobs
-            by_kind.setdefault(kind, []).append(seconds)
-    return {
-        "rows": rows,
-        "invocations": {k: (statistics.median(v), pct(v, 95), len(v)) for k, v in sorted(by_kind.items())},
-        "errors": list(cloud.errors),
-    }
+    service.store.client.meta.events.register("before-parameter-build.dynamodb", ddb_params)
+    service.store.client.meta.events.register("after-call.dynamodb", ddb_read)
+    service.s3.meta.events.register("before-call.s3", s3_get)
+    service.publisher.client.meta.events.register("before-parameter-build.events.PutEvents", put_events)
+    return counters
 
 
-# ------------------------------------------------------------------------- 3. requests
-def bench_requests(cloud: Any, layers: int, batch: int, objects: int, warm: int) -> dict[str, Any]:
-    import boto3
-    from trainguard.engine.service import EvaluateService, Publisher
-    from trainguard.engine.store import StateStore, pk
-    from trainguard.format import documents as d
-    from trainguard.format.layout import MANIFEST, step_key
+def run_trainer(cloud: Any, plan: TrainPlan, on_event: Callable[[dict[str, Any]], None]) -> int:
+    env = dict(os.environ)
+    env.update(cloud.resources.client_env())
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "shared"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--train", json.dumps(asdict(plan))]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            on_event(json.loads(line))
+    return proc.wait()
+
+
+def config_pure(config: Config) -> dict[str, Any]:
+    """Evaluate CPU per step: decode a segment's header, advance over its steps, dump the state."""
+    from trainguard.engine.evaluator import advance, apply_manifest
+    from trainguard.engine.model import JobState
+    from trainguard.engine.sources import read_manifest, segment_arrival
+    from trainguard.format.convert import WindowRules, convert_objects
+    from trainguard.format.layout import parse_relative
     from trainguard.local.synthetic import SyntheticJob
-    from trainguard.service import clients
+    from trainguard.service.state_store import _pack
 
-    res = cloud.resources
-    s3 = boto3.client("s3")  # its own client, so the request hook sees only this service's calls
-    ddb = clients.client("dynamodb")
-    s3_calls: list[str] = []
-    s3.meta.events.register("before-call.s3", lambda model, **_: s3_calls.append(model.name))
-    prefix = "bench/"  # outside the notification filter: the local pollers do not see these objects
-    store = StateStore(res.table, ddb)
-    publisher = Publisher(clients.client("events"), res.bus)
-    service = EvaluateService(store, s3, publisher, ingest_prefix=prefix)
-    name = f"req-l{layers}-b{batch}"
-    job = SyntheticJob(name, layers=layers, ended=False)
-    now = time.time()
-    manifest = d.Manifest(job=name, created=now, hook_version="bench", world_size=1, rules=None)
-    writer = clients.client("s3")
-    writer.put_object(Bucket=res.bucket, Key=f"{prefix}{name}/{MANIFEST}", Body=d.dump_document(manifest))
-    service.handle_object(res.bucket, f"{prefix}{name}/{MANIFEST}")
-    keys = []
-    prev: int | None = None
-    for step in range(warm + objects):
-        key = f"{prefix}{name}/{step_key(step, 0)}"
-        writer.put_object(
-            Bucket=res.bucket, Key=key, Body=d.encode_step(job.header(step, 0, prev, now + step), {})
-        )
-        keys.append(key)
-        prev = step
-
-    def counters() -> tuple[int, int, int]:
-        return store.requests, len(s3_calls), publisher.requests
-
-    clock = time.perf_counter
-    per_invocation: list[float] = []
-    start_counts = counters()
-    for i in range(0, len(keys), batch):
-        if i == warm:
-            start_counts = counters()
-        chunk = keys[i : i + batch]
-        t0 = clock()
-        if batch == 1:
-            service.handle_object(res.bucket, chunk[0])
-        else:
-            touched = {service.ingest(res.bucket, key) for key in chunk}
-            for touched_job in touched:
-                if touched_job is not None:
-                    service.advance_job(touched_job)
-        elapsed = clock() - t0
-        if i >= warm:
-            per_invocation.append(elapsed)
-    end_counts = counters()
-    # item sizes: the STATE item as stored, and a STEP item as buffered (write one more, read it, leave it)
-    items = ddb.query(
-        TableName=res.table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": pk(name)}},
-    )["Items"]
-    state_item = max(ddb_item_size(i) for i in items if i["sk"]["S"] == "STATE")
-    extra = f"{prefix}{name}/{step_key(warm + objects, 0)}"
-    writer.put_object(
-        Bucket=res.bucket, Key=extra, Body=d.encode_step(job.header(warm + objects, 0, prev, now), {})
-    )
-    service.ingest(res.bucket, extra)
-    items = ddb.query(
-        TableName=res.table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": pk(name)}},
-    )["Items"]
-    step_item = max(ddb_item_size(i) for i in items if i["sk"]["S"].startswith("STEP#"))
-    n = len(keys) - warm
-    ddb_req, s3_req, ev_req = (end - start for end, start in zip(end_counts, start_counts, strict=True))
-    state, _ = store.load_state(name) or (None, 0)
-    assert state is not None and state.steps_evaluated == len(keys), state
+    job = SyntheticJob("pure", steps=list(range(config.steps)), layers=config.layers, ended=False)
+    objects = convert_objects(job.objects(), WindowRules(window_s=None, max_steps=100))
+    state = apply_manifest(JobState(job="pure"), read_manifest(objects["manifest.json"]), 0.0).state
+    segments = sorted(k for k in objects if k.startswith("segments/"))
+    cpu = time.process_time
+    decode = evaluate = dump = 0.0
+    steps = 0
+    for repeat in range(config.repeats + 1):  # the first pass warms up
+        run_state = state
+        d0 = e0 = p0 = 0.0
+        for key in segments:
+            data = objects[key]
+            t0 = cpu()
+            arrival = segment_arrival(parse_relative("pure", key), data, len(data))
+            t1 = cpu()
+            out = advance(run_state, [arrival], 0.0)
+            t2 = cpu()
+            _pack(out.state.model_dump(mode="json"))
+            t3 = cpu()
+            run_state = out.state
+            d0, e0, p0 = d0 + t1 - t0, e0 + t2 - t1, p0 + t3 - t2
+        assert run_state.steps_evaluated == config.steps
+        if repeat:
+            decode, evaluate, dump, steps = decode + d0, evaluate + e0, dump + p0, steps + config.steps
+    tensors = sum(len(m.tensors) for m in job.header(0, 0, None, 0.0).modes.values())
     return {
-        "layers": layers,
-        "batch": batch,
-        "n": n,
-        "ddb_per_obj": ddb_req / n,
-        "s3_per_obj": s3_req / n,
-        "events_req_per_obj": ev_req / n,
-        "state_item": state_item,
-        "step_item": step_item,
-        "per_obj_p50": statistics.median(per_invocation) / batch,
-        "per_inv_p50": statistics.median(per_invocation),
-        "per_inv_p95": pct(per_invocation, 95),
+        "layers": config.layers,
+        "tensors": tensors,
+        "segment_bytes": len(objects[segments[0]]),
+        "steps_per_segment": 100,
+        "decode": decode / steps,
+        "advance": evaluate / steps,
+        "dump_per_segment": dump / (steps / 100),
+        "total": (decode + evaluate + dump) / steps,
+        "state_bytes": len(_pack(run_state.model_dump(mode="json"))),
     }
 
 
-def capacity_per_object(r: dict[str, Any]) -> tuple[float, float]:
-    """(write request units, read request units) per step object, from item sizes.
+def config_cloud(config: Config) -> dict[str, Any]:
+    """A throughput, NaN or cost configuration against its own local cloud."""
+    import boto3
+    from trainguard.local.runtime import LocalCloud
+    from trainguard.service.state_store import StateStore
 
-    Per batch of b objects: b PutItem of a STEP item, one strongly consistent Query reading
-    the STATE item and b STEP items, one PutItem of STATE, b deletes of STEP items
-    (BatchWriteItem; a delete costs the deleted item's size).
-    """
-    b = r["batch"]
-    step_wru = math.ceil(r["step_item"] / 1024)
-    state_wru = math.ceil(r["state_item"] / 1024)
-    query_rru = math.ceil((r["state_item"] + b * r["step_item"]) / 4096)
-    wru = (b * step_wru + state_wru + b * step_wru) / b
-    return wru, query_rru / b
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
+    name = f"tg-bench-{config.kind}"
+    rng = random.Random(7)
+    with LocalCloud(name=name, observe=False) as cloud:
+        counters = watch_requests(cloud)
+        res = cloud.resources
+        assert res is not None
+        reader = boto3.client("dynamodb")  # the benchmark's own reads, apart from the service's
+        watcher = StateStore(res.table, reader)
+        runs: list[TrainRun] = []
+        for i in range(config.runs):
+            job = f"{config.kind}-{config.workers}w-{i:03d}"
+            nan = None
+            if config.kind == "nan":  # a random step after a second, on a random worker
+                low, high = int(config.rate * 1.0), int(config.rate * max(1.5, config.seconds))
+                nan = (rng.randrange(config.workers), rng.randint(low, max(low, high)))
+            runs.append(TrainRun(job=job, seconds=config.seconds, nan=nan))
+        plan = TrainPlan(
+            bucket=res.bucket,
+            workers=config.workers,
+            rate=config.rate,
+            window_s=config.window_s,
+            runs=runs,
+            stop_rules=config.kind == "nan",
+        )
+        events: list[dict[str, Any]] = []
+        timeline: list[tuple[float, int, int]] = []  # (t, newest recorded step, watermark)
+        current = {"job": runs[0].job, "newest": -1}
+        finished = threading.Event()
+
+        def sample() -> None:
+            while not finished.wait(0.5):
+                loaded = watcher.load_state(current["job"])
+                watermark = loaded[0].watermark if loaded else -1
+                timeline.append((time.time(), current["newest"], watermark))
+
+        steady: dict[str, Any] = {}
+
+        def snapshot(event: dict[str, Any]) -> dict[str, Any]:
+            steps = sum(s + 1 for s in event["newest"].values())
+            return {"t": event["t"], "puts": event["puts"], "steps": steps, "counters": asdict(counters)}
+
+        def on_event(event: dict[str, Any]) -> None:
+            events.append(event)
+            if event["e"] == "progress" and event["job"] == runs[0].job and event["newest"]:
+                # steady state: after the job's start (manifest, first windows), before its end markers
+                first = steady.setdefault("start_t", event["t"])
+                if "a" not in steady and event["t"] - first >= min(5.0, config.seconds / 4):
+                    steady["a"] = snapshot(event)
+                if "a" in steady:
+                    steady["b"] = snapshot(event)
+            if event["e"] == "progress" and event["job"] == current["job"]:
+                current["newest"] = max(event["newest"].values(), default=-1)
+            elif event["e"] == "run_done":
+                index = next(i for i, r in enumerate(runs) if r.job == event["job"])
+                if index + 1 < len(runs):
+                    current.update(job=runs[index + 1].job, newest=-1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        if config.kind == "throughput":
+            sampler.start()
+        started = time.time()
+        code = run_trainer(cloud, plan, on_event)
+        written = time.time()
+        drained = cloud.wait_idle(timeout=120, settle=0.5)
+        drain_s = time.time() - written
+        finished.set()
+        if code != 0:
+            raise RuntimeError(f"the training process exited with {code}")
+        states = {r.job: watcher.load_state(r.job) for r in runs}
+        state_items = [
+            item_bytes(i) for i in reader.scan(TableName=res.table)["Items"] if i["sk"]["S"] == "STATE"
+        ]
+        done = [e for e in events if e["e"] == "run_done"]
+        result: dict[str, Any] = {
+            "config": asdict(config),
+            "wall_s": written - started,
+            "drained": drained,
+            "drain_s": drain_s,
+            "errors": list(cloud.errors)[:5],
+            "steps": sum(e["steps"] for e in done),
+            "seconds": sum(e["seconds"] for e in done),
+            "puts": sum(e["puts"] for e in done),
+            "put_bytes": next((e["put_bytes"] for e in events if e["e"] == "done"), 0),
+            "counters": asdict(counters),
+            "state_item_bytes": max(state_items, default=0),
+            "finished": all(s is not None and s[0].finished for s in states.values()),
+            "timeline": [row for row in timeline if row[1] >= 0],
+            "steady": steady_state(steady),
+        }
+        if config.kind == "nan":
+            latencies = []
+            by_job = {r.job: r for r in runs}
+            stops = {e["job"]: e["t"] for e in events if e["e"] == "stop"}
+            for job, run in by_job.items():
+                assert run.nan is not None
+                loaded = states[job]
+                fired = loaded is not None and loaded[0].rule("ExplodingTensor").status == "IssuesFound"
+                t_nan = next(
+                    (
+                        e["t"]
+                        for e in events
+                        if e["e"] == "nan" and e["worker"] == run.nan[0] and e["step"] == run.nan[1]
+                    ),
+                    math.nan,
+                )
+                latencies.append(
+                    {
+                        "job": job,
+                        "nan": list(run.nan),
+                        "fired": fired,
+                        "step": loaded[0].rule("ExplodingTensor").step if loaded else None,
+                        "seconds": stops.get(job, math.nan) - t_nan,
+                    }
+                )
+            result["nan"] = latencies
+        return result
 
 
-# ------------------------------------------------------------------------ 4. cold import
+def steady_state(steady: dict[str, Any]) -> dict[str, Any] | None:
+    """What was counted between two progress reports of a running job (no start, no end)."""
+    if "a" not in steady or steady["b"]["t"] <= steady["a"]["t"]:
+        return None
+    a, b = steady["a"], steady["b"]
+    ca, cb = a["counters"], b["counters"]
+    counters = {
+        "evaluate_invocations": cb["evaluate_invocations"] - ca["evaluate_invocations"],
+        "evaluate_records": cb["evaluate_records"] - ca["evaluate_records"],
+        "evaluate_seconds": cb["evaluate_seconds"][len(ca["evaluate_seconds"]) :],
+        "ddb": {op: n - ca["ddb"].get(op, 0) for op, n in cb["ddb"].items()},
+        "wru": cb["wru"] - ca["wru"],
+        "rru": cb["rru"] - ca["rru"],
+        "s3_gets": cb["s3_gets"] - ca["s3_gets"],
+        "events": cb["events"] - ca["events"],
+    }
+    return {
+        "seconds": b["t"] - a["t"],
+        "puts": b["puts"] - a["puts"],
+        "steps": b["steps"] - a["steps"],
+        "counters": counters,
+    }
+
+
+def config_import(config: Config) -> dict[str, Any]:
+    return bench_import(config.repeats)
+
+
+def config_main(config_json: str, out: str) -> int:
+    config = Config(**json.loads(config_json))
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    runner = {"pure": config_pure, "import": config_import}.get(config.kind, config_cloud)
+    Path(out).write_text(json.dumps(runner(config)))
+    return 0
+
+
+def in_own_process(config: Config) -> dict[str, Any]:
+    """Run one configuration in a fresh interpreter (nothing carried over from the last one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        t0 = time.perf_counter()
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--config",
+            json.dumps(asdict(config)),
+            "--out",
+            str(out),
+        ]
+        subprocess.run(cmd, check=True, cwd=ROOT, timeout=3600)
+        label = config.label or config.kind
+        print(f"  {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------ 5. cold import
 IMPORT_SNIPPET = """
 import importlib.util, sys, time
 t0, c0 = time.perf_counter(), time.process_time()
@@ -435,9 +720,7 @@ def bench_import(repeats: int) -> dict[str, Any]:
             wall = time.perf_counter() - t0
             return (*(float(x) for x in proc.stdout.split()), wall)
 
-        # compile every module once into a private cache (stdlib and site-packages included)
         run({"PYTHONPYCACHEPREFIX": str(cached), "PYTHONDONTWRITEBYTECODE": None})
-        assert any(cached.rglob("*.pyc")), "no .pyc written"
         for label, extra_fn in (
             ("pyc", lambda _i: {"PYTHONPYCACHEPREFIX": str(cached), "PYTHONDONTWRITEBYTECODE": "1"}),
             (
@@ -453,269 +736,216 @@ def bench_import(repeats: int) -> dict[str, Any]:
                 key: statistics.median(s[i] for s in samples)
                 for i, key in enumerate(("import", "import_cpu", "setup", "setup_cpu", "process"))
             }
-        # where the import time goes (with pyc): per module, the median over 3 runs
-        samples: dict[str, list[tuple[int, int]]] = {}
-        for _ in range(3):
-            proc = subprocess.run(
-                [sys.executable, "-X", "importtime", "-c", IMPORT_SNIPPET, str(HANDLER)],
-                env={**env, "PYTHONPYCACHEPREFIX": str(cached), "PYTHONDONTWRITEBYTECODE": "1"},
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            for line in proc.stderr.splitlines():
-                parts = line.split("|")
-                if len(parts) == 3 and parts[0].startswith("import time:") and parts[1].strip().isdigit():
-                    own = int(parts[0].split(":")[1])
-                    samples.setdefault(parts[2].strip(), []).append((int(parts[1]), own))
-    rows = [
-        (statistics.median(c for c, _ in v), statistics.median(o for _, o in v), name)
-        for name, v in samples.items()
-    ]
-    # cumulative time of the packages that matter (first import of each name wins)
-    watched = (
-        "numpy",
-        "pydantic",
-        "aws_lambda_powertools",
-        "boto3",
-        "trainguard.rules.registry",
-        "trainguard.format.documents",
-        "trainguard.engine.model",
-    )
-    cumulative = {name: cum for cum, _self, name in rows if name in watched}
-    out["heavy"] = [(cumulative[name], name) for name in watched if name in cumulative]
-    out["heavy_self"] = sorted(((slf, name) for _cum, slf, name in rows), reverse=True)[:5]
     return out
 
 
-# ---------------------------------------------------------------------------- 5. cost
-def cost_per_object(req: dict[str, Any], seconds: float, events_per_obj: float) -> dict[str, float]:
-    """Dollars per step object, by line."""
-    b = req["batch"]
-    wru, rru = capacity_per_object(req)
-    billed_ms = max(1, math.ceil(seconds * b * 1e3))  # one invocation handles b objects
+# ------------------------------------------------------------------------------ cost model
+def per_worker_hour(r: dict[str, Any]) -> dict[str, float]:
+    """Requests per worker-hour, from what one configuration counted in its steady state."""
+    measured = r["steady"] or r  # a run too short for a steady state: everything it did
+    c = measured["counters"]
+    scale = 3600 / max(measured["seconds"], 1e-9)
+    workers = r["config"]["workers"]
+    invocations = c["evaluate_invocations"]
     return {
-        "Lambda requests": PRICE["lambda_request"] / b,
-        "Lambda GB-s": billed_ms / 1e3 * EVALUATE_MEMORY_GB * PRICE["lambda_gb_s"] / b,
-        "SQS requests": (1 + 2 / b) * PRICE["sqs_request"],  # S3→SQS send; receive + delete per batch
-        "DynamoDB writes": wru * PRICE["ddb_wru"],
-        "DynamoDB reads": rru * PRICE["ddb_rru"],
-        "S3 GET (evaluate)": req["s3_per_obj"] * PRICE["s3_get"],
-        "EventBridge": events_per_obj * PRICE["event"],
-        "S3 PUT (hook)": PRICE["s3_put"],
+        "S3 PUT": measured["puts"] * scale / workers,
+        "SQS messages": measured["puts"] * scale / workers,
+        "SQS receive + delete": 2 * invocations * scale / workers,
+        "invocations": invocations * scale / workers,
+        "Lambda GB-s": sum(c["evaluate_seconds"]) * EVALUATE_MEMORY_GB * scale / workers,
+        "DynamoDB requests": sum(c["ddb"].values()) * scale / workers,
+        "DynamoDB WRU": c["wru"] * scale / workers,
+        "DynamoDB RRU": c["rru"] * scale / workers,
+        "S3 GET": c["s3_gets"] * scale / workers,
+        "PutEvents entries": c["events"] * scale / workers,
+    }
+
+
+def dollars(rates: dict[str, float]) -> dict[str, float]:
+    return {
+        "S3 PUT (hook)": rates["S3 PUT"] * PRICE["s3_put"],
+        "SQS": (rates["SQS messages"] + rates["SQS receive + delete"]) * PRICE["sqs_request"],
+        "Lambda requests": rates["invocations"] * PRICE["lambda_request"],
+        "Lambda GB-s": rates["Lambda GB-s"] * PRICE["lambda_gb_s"],
+        "DynamoDB": rates["DynamoDB WRU"] * PRICE["ddb_wru"] + rates["DynamoDB RRU"] * PRICE["ddb_rru"],
+        "S3 GET": rates["S3 GET"] * PRICE["s3_get"],
+        "EventBridge": rates["PutEvents entries"] * PRICE["event"],
     }
 
 
 # ------------------------------------------------------------------------------ report
-def render(
-    pure: list[dict[str, Any]],
-    lat: dict[str, Any],
-    reqs: list[dict[str, Any]],
-    imp: dict[str, Any],
-    elapsed: float,
-    quick: bool,
-    load: tuple[float, float],
-) -> str:
+def render(results: dict[str, Any], elapsed: float, quick: bool, load: tuple[float, float]) -> str:
     lines: list[str] = []
     add = lines.append
-    nproc = os.cpu_count()
     add(
         f"`python bench/pipeline.py{' --quick' if quick else ''}` "
-        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {nproc} vCPU (nproc), "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} vCPU (nproc), "
         f"Python {platform.python_version()}, {platform.system()} {platform.machine()}; whole run "
         f"{elapsed:.0f} s; 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end). "
-        "All figures are taken side by side in this one run on a noisy, shared 2-core machine: compare "
-        "them with each other, and expect tens of percent between runs in absolute times. Local mode is "
-        "moto's server and the real handlers in one process on the same cores: its absolute latencies "
-        "are this machine's, not AWS's."
+        "Every configuration ran in its own process, with its own local cloud (moto's server and the real "
+        "handlers in one process) and its own training process; the workers write format-2 segments "
+        f"({WRITER.__name__}, {results['throughput']['config']['window_s']:g} s windows). Local absolute "
+        "times are this machine's, not AWS's."
     )
     add("")
-    add("### 1. Evaluate handler CPU per step object, no AWS calls (measured)")
-    add("")
-    add(
-        "Decode the header from the object's bytes → buffer it (zlib JSON, parsed back) → load the "
-        "state (zlib JSON) → `advance()` one step with the 5 default rules → dump and zlib the state."
-    )
+    add("### 1. Evaluate CPU per step, no AWS calls (measured)")
     add("")
     add(
-        "| model | tensors | object bytes | median | p95 | median CPU | decode | buffer | load | advance "
-        "| dump | target |"
+        "Decode a segment's header (100 steps) → `advance()` over its steps with the 5 default rules → "
+        "dump and zlib the state once per segment. CPU time (`process_time`) per step."
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for p in pure:
-        ph = p["phases"]
-        target = f"≤ {TARGET_SMALL_MS:g} ms: {'met' if p['p50'] * 1e3 <= TARGET_SMALL_MS else 'MISSED'}"
+    add("")
+    add(
+        "| model | tensors per step | segment bytes | decode | advance | state dump per segment "
+        "| total per step | target |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---|")
+    for p in results["pure"]:
+        verdict = "met" if p["total"] * 1e3 <= TARGET_STEP_MS else "MISSED"
         add(
-            f"| layers={p['layers']} | {p['tensors']} | {p['sizes']['object']:,} | {ms(p['p50'])} ms | "
-            f"{ms(p['p95'])} ms | {ms(p['cpu_p50'])} ms | {ms(ph['decode'])} | {ms(ph['buffer'])} | "
-            f"{ms(ph['load'])} | "
-            f"{ms(ph['advance'])} | {ms(ph['dump'])} | {target if p['layers'] == 1 else '—'} |"
+            f"| layers={p['layers']} | {p['tensors']} | {p['segment_bytes']:,} | {ms(p['decode'])} ms | "
+            f"{ms(p['advance'])} ms | {ms(p['dump_per_segment'])} ms | **{ms(p['total'])} ms** | "
+            f"≤ {TARGET_STEP_MS:g} ms: {verdict} |"
+        )
+    add("")
+
+    t = results["throughput"]
+    cfg = t["config"]
+    add(
+        f"### 2. Throughput in local mode: {cfg['workers']} workers x {cfg['rate']:g} steps/s "
+        f"for {cfg['seconds']:g} s"
+    )
+    add("")
+    timeline = t["timeline"]
+    rate = cfg["rate"]
+    if timeline:
+        t0 = timeline[0][0]
+        every = max(1, len(timeline) // 12)
+        add("| time | newest step recorded | watermark (last step evaluated) | lag |")
+        add("|---:|---:|---:|---:|")
+        for when, newest, watermark in timeline[::every]:
+            add(f"| {when - t0:.0f} s | {newest} | {watermark} | {(newest - watermark) / rate:.1f} s |")
+        lags = [(n - w) / rate for _, n, w in timeline if n >= 0]
+        third = max(1, len(lags) // 3)
+        first, last = statistics.mean(lags[:third] or [0]), statistics.mean(lags[-third:] or [0])
+        kept_up = t["drained"] and last <= first + 2 * cfg["window_s"]
+        add("")
+        add(
+            f"Lag p50 {pct(lags, 50):.1f} s, p95 {pct(lags, 95):.1f} s, "
+            f"max {max(lags, default=math.nan):.1f} s; mean over the first third {first:.1f} s, over the "
+            f"last third {last:.1f} s; after the last write the pipeline drained in {t['drain_s']:.1f} s. "
+            f"**{'Kept up' if kept_up else 'Fell behind'}** (the lag stays within two windows of where it "
+            f"started and everything written was evaluated). {t['steps']:,} steps of "
+            f"{cfg['workers']} workers, {t['puts']:,} objects, "
+            f"{t['counters']['evaluate_invocations']:,} evaluate invocations."
+        )
+    add("")
+
+    nan = results["nan"]
+    ncfg = nan["config"]
+    seconds = [r["seconds"] for r in nan["nan"] if r["fired"]]
+    p50, p95 = pct(seconds, 50), pct(seconds, 95)
+    met = p50 <= TARGET_NAN_P50_S and p95 <= TARGET_NAN_P95_S and len(seconds) == len(nan["nan"])
+    add(
+        f"### 3. A NaN at a random step to the job's stop signal: {len(nan['nan'])} runs, "
+        f"{ncfg['workers']} workers x {ncfg['rate']:g} steps/s (measured)"
+    )
+    add("")
+    add(
+        "From the moment one random worker records a NaN loss at a random step to the moment the training "
+        f"process sees `control/stop.json` (polled every {STOP_POLL_S * 1e3:.0f} ms): the worker's window "
+        "closes at once on the non-finite value, but the step is complete only when every other worker's "
+        "window that holds it has been written."
+    )
+    add("")
+    add("| runs fired | p50 | p95 | max | target |")
+    add("|---:|---:|---:|---:|---|")
+    add(
+        f"| {len(seconds)} / {len(nan['nan'])} | {p50:.2f} s | {p95:.2f} s | "
+        f"{max(seconds, default=math.nan):.2f} s | "
+        f"p50 ≤ {TARGET_NAN_P50_S:g} s, p95 ≤ {TARGET_NAN_P95_S:g} s: {'met' if met else 'MISSED'} |"
+    )
+    add("")
+
+    add("### 4. Requests per 1,000 training steps, and the cost of 10 hours (measured counts, list prices)")
+    add("")
+    add(
+        "| step time | workers | S3 PUT | SQS messages | invocations | DynamoDB requests | PutEvents "
+        f"| per worker-hour | 10 hours | goal ≤ ${TARGET_WORKER_HOUR} per worker-hour "
+        "| per worker-hour at 2 s / 5 s windows (estimated) |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for r in results["cost"]:
+        cfg = r["config"]
+        measured = r["steady"] or r
+        c = measured["counters"]
+        per_k = 1000 / max(measured["steps"], 1)
+        hour = sum(dollars(per_worker_hour(r)).values())
+        add(
+            f"| {1 / cfg['rate'] * 1e3:g} ms | {cfg['workers']} | {measured['puts'] * per_k:.1f} | "
+            f"{measured['puts'] * per_k:.1f} | {c['evaluate_invocations'] * per_k:.1f} | "
+            f"{sum(c['ddb'].values()) * per_k:.1f} | {c['events'] * per_k:.2f} | **${hour:.4f}** | "
+            f"${hour * cfg['workers'] * 10:.3f} | {'met' if hour <= TARGET_WORKER_HOUR else 'MISSED'} | "
+            f"${hour * cfg['window_s'] / 2:.4f} / ${hour * cfg['window_s'] / 5:.4f} |"
         )
     add("")
     add(
-        f"Phases are medians in ms over {pure[0]['n']} (small) and {pure[-1]['n']} (large) steps after a "
-        f"warm-up. The job state stays small: its zlib JSON is {pure[0]['sizes']['state_blob']:,} B after "
-        f"{pure[0]['steps']:,} steps; the buffered header is {pure[0]['sizes']['header_blob']:,} B (small) "
-        f"and {pure[-1]['sizes']['header_blob']:,} B (large)."
+        "Counts per 1,000 training steps of the whole job (all workers) and per worker-hour are taken "
+        "while the job runs (between two progress reports of the training process: its start and its "
+        "end markers are left out; a job's start costs one transaction and 5 InProgress events, its end "
+        "a few requests and 6 events, whatever its length). With a window longer than the step, "
+        "every line but EventBridge follows the number of segments, so the last column scales the "
+        "measured cost by segments per hour (an estimate: a longer window's invocations do more work)."
     )
     add("")
-
-    rows = lat["rows"]
-    add(f"### 2. End-to-end latency in local mode, {len(rows)} jobs (measured)")
-    add("")
-    add("From the start of the S3 PUT of the object that holds a NaN gradient (ExplodingTensor fires).")
-    add("")
-    add("| interval | p50 | p95 | max | target |")
-    add("|---|---:|---:|---:|---|")
-
-    def row(label: str, key: str, target: str = "") -> None:
-        values = [r[key] for r in rows if not math.isnan(r[key])] or [math.nan]
-        add(
-            f"| {label} | {ms(pct(values, 50))} ms | {ms(pct(values, 95))} ms | {ms(max(values))} ms "
-            f"| {target} |"
+    worst = max(results["cost"], key=lambda r: sum(dollars(per_worker_hour(r)).values()))
+    lines_of = dollars(per_worker_hour(worst))
+    total = sum(lines_of.values())
+    add(
+        f"Where a worker-hour's cost goes ({1 / worst['config']['rate'] * 1e3:g} ms steps, "
+        f"{worst['config']['workers']} workers, the dearest row): "
+        + ", ".join(
+            f"{k} ${v:.4f} ({v / total:.0%})" for k, v in sorted(lines_of.items(), key=lambda kv: -kv[1])
         )
-
-    row("PUT call returns", "put")
-    row("PUT → evaluate invocation starts (S3→SQS, 20 ms poller)", "to_eval_start")
-    row("evaluate invocation (1 record, firing: transaction + PutEvents)", "eval")
-    row("PUT → IssuesFound event seen on the bus (observer, 20 ms poller)", "to_bus")
-    row("PUT → notify handler returns", "to_notify_end")
-    sns = [r["to_sns"] for r in rows]
-    met = pct(sns, 50) * 1e3 <= TARGET_P50_MS and pct(sns, 95) * 1e3 <= TARGET_P95_MS
-    row(
-        "**PUT → SNS publish recorded** (polled every 5 ms)",
-        "to_sns",
-        f"p50 ≤ {TARGET_P50_MS:g} ms, p95 ≤ {TARGET_P95_MS / 1e3:g} s: {'met' if met else 'MISSED'}",
+        + f". The STATE item is {worst['state_item_bytes']:,} B; a buffered segment pointer about 100 B."
     )
-    add("")
-    add("Handler invocations holding one object, for the jobs above (moto round trips included):")
-    add("")
-    add("| invocation | p50 | p95 | n |")
-    add("|---|---:|---:|---:|")
-    labels = {
-        "manifest.json": "evaluate: manifest (5 rules created: transaction + 5 events)",
-        "steps": "evaluate: a step object, no status change",
-        "firing": "evaluate: the step object that fires (transaction + PutEvents)",
-        "notify": "notify (idempotency record + SNS publish)",
-    }
-    for kind, (p50, p95, count) in lat["invocations"].items():
-        add(f"| {labels.get(kind, kind)} | {ms(p50)} ms | {ms(p95)} ms | {count} |")
-    add("")
-
-    by = {(r["layers"], r["batch"]): r for r in reqs}
-    add("### 3. AWS requests per step object, steady stream of one job (measured)")
     add("")
     add(
-        "| model | objects per invocation | DynamoDB requests | S3 requests | PutEvents | STEP item | "
-        "STATE item | WRU | RRU | handler time per invocation (local, p50 / p95) |"
-    )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in reqs:
-        wru, rru = capacity_per_object(r)
-        add(
-            f"| layers={r['layers']} | {r['batch']} | {r['ddb_per_obj']:.2f} | {r['s3_per_obj']:.2f} | "
-            f"{r['events_req_per_obj']:.2f} | {r['step_item']:,} B | {r['state_item']:,} B | {wru:.2f} | "
-            f"{rru:.2f} | {ms(r['per_inv_p50'])} / {ms(r['per_inv_p95'])} ms |"
-        )
-    add("")
-    add(
-        "Requests are counted (StateStore.requests, a botocore `before-call.s3` hook, Publisher.requests); "
-        "write/read request units are computed from the measured item sizes (1 KB per WRU, 4 KB per "
-        "strongly consistent RRU per Query, a delete costs the deleted item's size). A status change adds "
-        "a TransactWriteItems (2x WRU) and a delete of the outbox item; it happens a few times per job, "
-        "not per object. The synthetic tensors' statistics repeat across layers, so zlib shrinks the "
-        "large model's buffered header far more than real statistics would: its STEP item is a floor. "
-        f"Of the local time per object (one per invocation), the pure path of part 1 is "
-        f"{pure[0]['p50'] / by[1, 1]['per_obj_p50']:.0%} (small model) and "
-        f"{pure[-1]['p50'] / by[50, 1]['per_obj_p50']:.0%} (large): the rest is the sequential round "
-        "trips (1 S3 GET, then 5 DynamoDB requests: put the arrival, query the job, put the state, "
-        "query again for arrivals that came meanwhile, delete the arrival)."
+        "Counted: the training process's S3 PUTs (segments, manifest, end markers: each is one S3 → SQS "
+        "message); evaluate invocations, their records and their duration (the local cloud's `on_invoke`); "
+        "DynamoDB requests by operation, with write units from the items written (1 KB each; a "
+        "transaction counts twice; a delete of a pointer one) and read units from the items read (4 KB "
+        "per strongly consistent read); S3 GETs and PutEvents entries of the evaluate function. "
+        "Assumed: SQS is billed one send per object plus one receive and one delete per invocation (the "
+        "event source mapping's idle polls are not included); Lambda GB-s is the local invocation time "
+        "at 1 GB; the local poller batches whatever is waiting (AWS's 1 s batching window batches at "
+        "least as much). Not included: the notify and stop-job functions (per alert, not per step), "
+        "CloudWatch metrics and logs, S3 storage. Per 1,000 steps counts steps of the whole job (all "
+        "workers); per worker-hour scales the run's counts to an hour of one worker."
     )
     add("")
 
-    add("### 4. Cold import of `functions/evaluate/handler.py` (measured)")
+    imp = results["import"]
+    add("### 5. Cold import of `functions/evaluate/handler.py` (measured)")
     add("")
     add(
         "| | import handler: wall (CPU) | + boto3 s3/dynamodb/events clients: wall (CPU) "
-        "| whole fresh process, wall | target (import, wall) |"
+        "| whole fresh process, wall | target |"
     )
     add("|---|---:|---:|---:|---|")
     for label in ("pyc", "no pyc"):
         i = imp[label]
         verdict = f"≤ {TARGET_IMPORT_S:g} s: {'met' if i['import'] <= TARGET_IMPORT_S else 'MISSED'}"
         add(
-            f"| {'with .pyc' if label == 'pyc' else 'no .pyc (empty cache prefix)'} | {i['import']:.2f} s "
-            f"({i['import_cpu']:.2f} s) | {i['setup']:.2f} s ({i['setup_cpu']:.2f} s) | {i['process']:.2f} s "
-            f"| {verdict} |"
+            f"| {'with .pyc' if label == 'pyc' else 'no .pyc'} | "
+            f"{i['import']:.2f} s ({i['import_cpu']:.2f} s) | "
+            f"{i['setup']:.2f} s ({i['setup_cpu']:.2f} s) | {i['process']:.2f} s | {verdict} |"
         )
-    add("")
-    heavy = ", ".join(f"`{name}` {cum / 1e3:.0f} ms" for cum, name in imp["heavy"])
-    heavy_self = ", ".join(f"`{name}` {slf / 1e3:.0f} ms" for slf, name in imp["heavy_self"])
-    add(
-        "Medians of fresh interpreters, page cache warm (a real cold start also mounts the package); "
-        "wall time is inflated by whatever else runs on the 2 cores, CPU time is not. "
-        f"`-X importtime` with .pyc, cumulative: {heavy}; largest self times: {heavy_self}."
-    )
-    add("")
-
-    add("### 5. Cost (estimated from the measured counts, us-east-1 list prices)")
-    add("")
-    single = next(r for r in reqs if r["layers"] == 1 and r["batch"] == 1)
-    batched = next((r for r in reqs if r["layers"] == 1 and r["batch"] == 10), single)
-    # 5 InProgress on the manifest, one final status per rule, one job-finished event
-    events_per_job = 11
-    # Billed duration per object: the local measured handler time (moto round trips on localhost) is
-    # taken as the figure; real AWS round trips are of the same order (a few ms each, ~6 per object).
-    dur_single = max(single["per_obj_p50"], lat["invocations"].get("steps", (0.0,))[0])
-    dur_batched = batched["per_obj_p50"]
-    per_job_objects = 18_000
-    c1 = cost_per_object(single, dur_single, events_per_job / per_job_objects)
-    c10 = cost_per_object(batched, dur_batched, events_per_job / per_job_objects)
-    add(
-        f"| line (per million step objects) | 1 object per invocation ({ms(dur_single)} ms billed) | "
-        f"10 per invocation ({ms(dur_batched)} ms per object) |"
-    )
-    add("|---|---:|---:|")
-    for key in c1:
-        add(f"| {key} | ${c1[key] * 1e6:,.2f} | ${c10[key] * 1e6:,.2f} |")
-    t1 = sum(c1.values())
-    t10 = sum(c10.values())
-    hook = c1["S3 PUT (hook)"]
-    add(f"| **total** | **${t1 * 1e6:,.2f}** | **${t10 * 1e6:,.2f}** |")
-    add(f"| total without the hook's S3 PUTs | ${(t1 - hook) * 1e6:,.2f} | ${(t10 - hook) * 1e6:,.2f} |")
-    add("")
-    rules, hours = 5, 10
-    sagemaker = rules * hours * PRICE["sagemaker_rule_hour"]
-    fixed = events_per_job * PRICE["event"] + 5 * (
-        PRICE["lambda_request"] + PRICE["sns_publish"] + PRICE["email"]
-    )  # ≤ 5 alerts per job (one per rule), each a notify run, an SNS publish and an email
-    job1 = t1 * per_job_objects + fixed
-    add(
-        f"**Per job**: 10 hours, 5 rules, one step object every 2 s (18,000 objects, one per invocation: at "
-        f"that rate the 1 s batching window holds one object): trainguard **${job1:.2f}** "
-        f"(${job1 - hook * per_job_objects:.3f} without the hook's S3 PUTs) vs SageMaker Debugger custom "
-        f"rules 5 x 10 h x ${PRICE['sagemaker_rule_hour']} = **${sagemaker:.2f}** (x{sagemaker / job1:.0f}; "
-        f"its hook writes the same S3 objects, so the like-for-like ratio is "
-        f"x{sagemaker / (job1 - hook * per_job_objects):.0f}). SageMaker runs its built-in rules at no "
-        "additional cost; the instance-hours are what a custom rule (a user's own code) costs there."
-    )
-    add("")
-    add(
-        "What is measured and what is assumed: request counts, item sizes and handler times are measured "
-        "above; prices are list prices (SQS $0.40 per million from the AWS price page; the others from "
-        "the project's notes); free tiers are ignored. Lambda duration is the larger of the local "
-        "per-object time of part 3 and the median one-step evaluate invocation of part 2, used as an "
-        "upper bound for a warm 1 GB function as the brief asks. It is an estimate, not a proven bound: "
-        "1 GB gets ~0.6 vCPU, so the CPU part could run slower on Lambda, while AWS round trips "
-        "(~6 per object, a few ms each) replace moto's in-process HTTP handling. Lambda GB-s is "
-        f"{c1['Lambda GB-s'] / t1:.0%} of the one-per-invocation total: doubling the duration adds "
-        f"${c1['Lambda GB-s'] * 1e6:.2f} per million objects. SQS counts one SendMessage (S3→SQS) per "
-        "object and one ReceiveMessage and one DeleteMessageBatch per invocation, not the event source "
-        "mapping's idle long polls (a few hundred thousand a month, ~$0.2 a month in all). EventBridge: "
-        "11 events per job (5 rules: InProgress when the manifest arrives, one final status each, and the "
-        "job-finished event); "
-        "status changes are per job, not per object. S3 storage and data transfer are not included."
-    )
+    errors = [e for group in ("throughput", "nan") for e in results[group]["errors"]]
+    errors += [e for r in results["cost"] for e in r["errors"]]
+    if errors:
+        add("")
+        add(f"Errors seen by the local clouds: {errors[:5]}")
     return "\n".join(lines) + "\n"
 
 
@@ -736,59 +966,72 @@ def write_docs(text: str) -> None:
     DOCS.write_text(new.rstrip("\n") + "\n")
 
 
-def timed(label: str, fn: Callable[[], Any]) -> Any:
-    t0 = time.perf_counter()
-    result = fn()
-    print(f"  {label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return result
+def plan(quick: bool, window_s: float = WINDOW_S) -> dict[str, Any]:
+    configs = _plan(quick)
+    for group in configs.values():
+        for config in group if isinstance(group, list) else [group]:
+            config.window_s = window_s
+    return configs
+
+
+def _plan(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {
+            "pure": [
+                Config("pure", steps=200, layers=1, repeats=1),
+                Config("pure", steps=100, layers=10, repeats=1),
+            ],
+            "throughput": Config("throughput", workers=2, rate=20, seconds=4),
+            "nan": Config("nan", workers=2, rate=20, seconds=2, runs=2),
+            "cost": [Config("cost", workers=w, rate=10, seconds=3, label=f"cost {w}w") for w in (1, 2)],
+            "import": Config("import", repeats=1),
+        }
+    return {
+        "pure": [Config("pure", steps=2000, layers=1), Config("pure", steps=500, layers=20)],
+        "throughput": Config("throughput", workers=4, rate=100, seconds=180),
+        "nan": Config("nan", workers=4, rate=100, seconds=3, runs=20),
+        "cost": [
+            Config("cost", workers=w, rate=1 / step_s, seconds=30, label=f"cost {w}w {step_s:g}s")
+            for step_s in (0.015, 0.1, 1.0)
+            for w in (1, 8)
+        ],
+        "import": Config("import", repeats=5),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few repetitions, no docs")
+    parser.add_argument("--quick", action="store_true", help="a smoke run with tiny sizes; docs left alone")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
-    parser.add_argument("--jobs", type=int, default=None, help="jobs for the end-to-end latency (default 30)")
+    parser.add_argument("--window", type=float, default=WINDOW_S, help="segment window of the writers (s)")
+    parser.add_argument("--config", help=argparse.SUPPRESS)  # one configuration, in this process
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--train", help=argparse.SUPPRESS)  # the training process of a configuration
     args = parser.parse_args()
-    quick = args.quick
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    if args.train:
+        return train_main(args.train)
+    if args.config:
+        return config_main(args.config, args.out)
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
-
-    print("1. pure path", file=sys.stderr)
-    pure = [
-        timed("layers=1", lambda: bench_pure(1, 30, 100 if quick else 1000)),
-        timed("layers=50", lambda: bench_pure(50, 10, 30 if quick else 300)),
-    ]
-
-    from trainguard.local.runtime import LocalCloud
-
-    with LocalCloud(name="tg-bench") as cloud:
-        print("2. end-to-end latency", file=sys.stderr)
-        jobs = args.jobs or (5 if quick else 30)
-        lat = timed(f"{jobs} jobs", lambda: bench_latency(cloud, jobs, warmup=2))
-        print("3. requests per object", file=sys.stderr)
-        n = 20 if quick else 100
-        reqs = [
-            timed(
-                f"layers={layers} batch={batch}",
-                lambda layers=layers, batch=batch: bench_requests(cloud, layers, batch, n, warm=10),
-            )
-            for layers in (1, 50)
-            for batch in (1, 10)
-        ]
-    print("4. cold import", file=sys.stderr)
-    imp = timed("import", lambda: bench_import(3 if quick else 7))
-
+    configs = plan(args.quick, args.window)
+    results: dict[str, Any] = {}
+    print("1. evaluate CPU per step", file=sys.stderr)
+    results["pure"] = [in_own_process(c) for c in configs["pure"]]
+    print("2. throughput", file=sys.stderr)
+    results["throughput"] = in_own_process(configs["throughput"])
+    print("3. NaN to stop", file=sys.stderr)
+    results["nan"] = in_own_process(configs["nan"])
+    print("4. requests and cost", file=sys.stderr)
+    results["cost"] = [in_own_process(c) for c in configs["cost"]]
+    print("5. cold import", file=sys.stderr)
+    results["import"] = in_own_process(configs["import"])
     load = (load_start, os.getloadavg()[0])
-    text = render(pure, lat, reqs, imp, time.perf_counter() - started, quick, load)
+    text = render(results, time.perf_counter() - started, args.quick, load)
     print(f"{SECTION}\n\n{text}")
-    if lat["errors"]:
-        print(f"local cloud errors: {lat['errors'][:5]}", file=sys.stderr)
-    if not (args.no_docs or quick):
+    if not (args.no_docs or args.quick):
         write_docs(text)
         print(f"wrote {SECTION!r} in {DOCS}", file=sys.stderr)
     return 0

@@ -13,13 +13,21 @@ Keys (context names; the config file uses the same)::
                       rule-alarm topic, unfiltered (default: none; subscribe by hand)
     architecture      x86_64 (default) or arm64; the layer is built for the same
     layerAsset        a prebuilt layer folder (holding python/): skips the pip build (tests)
-    logLevel          LOG_LEVEL of the functions (default INFO)
+    logLevel          POWERTOOLS_LOG_LEVEL of the functions (default INFO)
     logRetentionDays  function log retention (default 30)
     dataRetentionDays job objects under the ingest prefix expire after this (default 90; 0: never)
-    busName           the custom EventBridge bus (default "trainguard")
+    busName           the custom EventBridge bus (default: the stack name, so that two stacks
+                      in one account and region each have their own)
+    sagemakerStop     "true": stop_job may call StopTrainingJob on a SageMaker training job
+                      that its launcher tagged trainguard:job=<job> (default false: only the
+                      cooperative stop signal; the role gets no SageMaker permission at all)
     ruleModules       custom rules: DIR:module[,DIR:module...] (DIR relative to the repo root);
                       each DIR becomes part of a second layer on the rule-evaluating functions
                       and each module (with RULES = [...]) is imported and validated at synth
+    defaultRules      the rules of a job that declares none: a JSON file (relative to the repo
+                      root) or inline JSON, in any shape the SageMaker SDK writes (a list,
+                      DebugRuleConfigurations/ProfilerRuleConfigurations, a CreateTrainingJob
+                      request); validated at synth (default: trainguard's built-in defaults)
     nag               "false" skips the cdk-nag AwsSolutions checks in infra/app.py
 """
 
@@ -41,6 +49,10 @@ _BUS = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ARCHITECTURES = ("x86_64", "arm64")
+#: Lambda's environment holds 4 KB in all; the default rules may take this much of it
+MAX_DEFAULT_RULES_BYTES = 3072
+#: rule-container settings the SDK writes into each entry; not needed in the environment
+_CONTAINER_KEYS = ("RuleEvaluatorImage", "InstanceType", "VolumeSizeInGB", "LocalPath", "S3OutputPath")
 #: values CloudWatch Logs accepts (a subset: the common ones)
 RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 180, 365)
 
@@ -62,11 +74,58 @@ def _as_list(value: Any) -> tuple[str, ...]:
     raise ConfigError(f"expected a comma-separated string or a list, got {value!r}")
 
 
+def _default_rules(value: Any, repo: Path) -> str | None:
+    """``defaultRules`` as the compact JSON the rule-evaluating functions read, validated."""
+    if value is None or value == "":
+        return None
+    from trainguard.rules.config import parse_rule_configurations
+    from trainguard.rules.sagemaker import RulesFormatError, load_rules_file, loads_rules, normalize_rules
+
+    try:
+        if isinstance(value, (list, dict)):
+            rules = normalize_rules(value)
+        elif isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+            rules = loads_rules(value, "defaultRules")
+        else:
+            rules = load_rules_file(repo / str(value))
+    except RulesFormatError as exc:
+        raise ConfigError(f"defaultRules: {exc}") from None
+    entries = [
+        {k: v for k, v in e.items() if k not in _CONTAINER_KEYS} if isinstance(e, dict) else e
+        for e in rules.entries()
+    ]
+    if not entries:
+        raise ConfigError("defaultRules: no rule configurations (leave it unset for the built-in defaults)")
+    bad = [f"{c.configuration_name}: {c.error}" for c in parse_rule_configurations(entries) if c.error]
+    if bad:
+        raise ConfigError("defaultRules: " + "; ".join(bad)[:2000])
+    text = json.dumps(entries, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > MAX_DEFAULT_RULES_BYTES:
+        raise ConfigError(
+            f"defaultRules: {len(text.encode())} bytes of JSON; Lambda's environment leaves room for "
+            f"{MAX_DEFAULT_RULES_BYTES} (fewer rules or parameters, or give jobs their rules in the hook)"
+        )
+    return text
+
+
 def _as_int(key: str, value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if value is None or value == "":
+        return False
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -101,8 +160,11 @@ class StackConfig:
     log_level: str = "INFO"
     log_retention_days: int = 30
     data_retention_days: int = 90
-    bus_name: str = "trainguard"
+    bus_name: str | None = None
+    sagemaker_stop: bool = False
     rule_modules: tuple[RuleModuleSource, ...] = ()
+    #: ``defaultRules`` as validated, compact JSON (None: the built-in defaults)
+    default_rules: str | None = None
 
     def __post_init__(self) -> None:
         for email in (*self.alert_emails, *self.ops_emails, *self.rule_alarm_emails):
@@ -121,7 +183,7 @@ class StackConfig:
             )
         if self.data_retention_days < 0:
             raise ConfigError("dataRetentionDays must be >= 0 (0 keeps job objects forever)")
-        if not _BUS.match(self.bus_name) or self.bus_name == "default":
+        if self.bus_name is not None and (not _BUS.match(self.bus_name) or self.bus_name == "default"):
             raise ConfigError(f"invalid busName {self.bus_name!r}")
         if self.layer_dir is not None and not (self.layer_dir / "python").is_dir():
             raise ConfigError(f"layerAsset {self.layer_dir} has no python/ folder")
@@ -171,8 +233,10 @@ class StackConfig:
             data_retention_days=_as_int(
                 "dataRetentionDays", 90 if get("dataRetentionDays") is None else get("dataRetentionDays")
             ),
-            bus_name=str(get("busName") or "trainguard"),
+            bus_name=str(get("busName")) if get("busName") else None,
+            sagemaker_stop=_as_bool("sagemakerStop", get("sagemakerStop")),
             rule_modules=tuple(
                 dict.fromkeys(RuleModuleSource.parse(e, repo) for e in _as_list(get("ruleModules")))
             ),
+            default_rules=_default_rules(get("defaultRules"), repo),
         )

@@ -18,9 +18,15 @@ from constructs import IConstruct
 _POLICY_VARIABLE = re.compile(r"\$\{([^}]+)\}")
 
 
+#: every acknowledgment made in this process: (construct path, rule id, reason); a test checks
+#: that each one matches a finding cdk-nag really reports (no stale suppression)
+ACKNOWLEDGED: list[tuple[str, str, str]] = []
+
+
 def acknowledge(construct: IConstruct, rule: str, reason: str, finding: str | None = None) -> None:
     rule_id = f"AwsSolutions::AwsSolutions-{rule}" + (f"[{finding}]" if finding else "")
     Validations.of(construct).acknowledge(Acknowledgment(id=rule_id, reason=reason))
+    ACKNOWLEDGED.append((construct.node.path, rule_id, reason))
 
 
 def nag_text(stack: Stack, value: Any) -> str:

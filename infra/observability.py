@@ -25,6 +25,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
 from trainguard.engine.events import Status
 from trainguard.rules.registry import CHECKING_RULES
+from trainguard.service.metrics import JOB_DIMENSIONS, RULE_DIMENSIONS
 
 if TYPE_CHECKING:  # infra.stack imports this module
     from infra.stack import TrainguardStack
@@ -62,7 +63,7 @@ def error_query(namespace: str) -> str:
     cannot back an alarm and metric math allows only 10 metrics: this query can.
     """
     # constants of this module and the stack, not input: no injection
-    return f'SELECT SUM("{ERROR}") FROM SCHEMA("{namespace}", RuleName)'  # noqa: S608
+    return f'SELECT SUM("{ERROR}") FROM SCHEMA("{namespace}", {", ".join(RULE_DIMENSIONS)})'  # noqa: S608
 
 
 # ----------------------------------------------------------------------------- alarms
@@ -107,7 +108,7 @@ def build_rule_alarms(stack: TrainguardStack, topic: sns.ITopic, namespace: str)
             metric=cw.Metric(
                 namespace=namespace,
                 metric_name=ISSUES,
-                dimensions_map={"RuleName": rule},
+                dimensions_map={RULE_DIMENSIONS[0]: rule},
                 statistic="Sum",
                 period=PERIOD,
             ),
@@ -170,12 +171,12 @@ def build_dashboard(stack: TrainguardStack, namespace: str) -> cw.Dashboard:
     rule_outcomes: list[cw.IWidget] = [
         _search_graph(
             f"{ISSUES} by rule (count per minute)",
-            search(namespace, ("RuleName",), ISSUES, "Sum"),
+            search(namespace, RULE_DIMENSIONS, ISSUES, "Sum"),
             stacked=True,
         ),
         _search_graph(
             f"{ERROR} by rule (count per minute)",
-            search(namespace, ("RuleName",), ERROR, "Sum"),
+            search(namespace, RULE_DIMENSIONS, ERROR, "Sum"),
             stacked=True,
         ),
     ]
@@ -189,7 +190,7 @@ def build_dashboard(stack: TrainguardStack, namespace: str) -> cw.Dashboard:
     scalars = [
         _search_graph(
             f"{name} by training job (average per minute)",
-            search(namespace, ("TrainingJobName",), name, "Average"),
+            search(namespace, JOB_DIMENSIONS, name, "Average"),
         )
         for name in TRAINING_SCALARS
     ]

@@ -12,9 +12,10 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from trainguard.engine.service import EvaluateService, Publisher
-from trainguard.engine.store import StateStore
 from trainguard.local.runtime import create_table
+from trainguard.service.pipeline import JobPipeline
+from trainguard.service.publisher import Publisher
+from trainguard.service.state_store import StateStore
 
 # Dummy credentials before any boto3 client exists; never a real account.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -46,8 +47,8 @@ class Aws:
     bus: str
     capture_url: str
 
-    def service(self) -> EvaluateService:
-        return EvaluateService(
+    def service(self) -> JobPipeline:
+        return JobPipeline(
             StateStore(self.table, self.ddb), self.s3, Publisher(self.events, self.bus), bucket=self.bucket
         )
 
@@ -121,3 +122,31 @@ def aws(atomic_dynamodb) -> Iterator[Aws]:
 def aws_factory():
     """For tests that open their own ``mock_aws`` (e.g. one per hypothesis example)."""
     return make_aws
+
+
+# --- the synthesized stack, once per session, for tests that read what the template says ---
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory):
+    """(stack, template) of the default app with SageMaker stops enabled (stub layer, no nag)."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from aws_cdk.assertions import Template
+
+    from infra.app import build_app
+
+    layer = tmp_path_factory.mktemp("layer")
+    (layer / "python" / "trainguard").mkdir(parents=True)
+    (layer / "python" / "trainguard" / "__init__.py").write_text("")
+    _app, stack = build_app(
+        {"layerAsset": str(layer), "alertEmails": "ml@example.com", "sagemakerStop": "true"},
+        outdir=str(tmp_path_factory.mktemp("cdk.out")),
+        nag=False,
+        config_dir=tmp_path_factory.mktemp("no-config"),
+    )
+    return stack, Template.from_stack(stack).to_json()

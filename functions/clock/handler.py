@@ -1,10 +1,10 @@
 """clock: a scheduled tick (every minute) for rules that fire on missing data."""
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from trainguard.service.evaluate import service
+from trainguard.service.logs import function_logger
 
-logger = Logger(service="trainguard-clock")
+logger = function_logger("clock")
 
 
 @logger.inject_lambda_context

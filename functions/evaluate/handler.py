@@ -5,13 +5,13 @@ each job touched by the batch is advanced once, and a job that fails to advance 
 its records so SQS redelivers them.
 """
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from trainguard.service.evaluate import advance_jobs, ingest_record
+from trainguard.service.logs import function_logger
 
-logger = Logger(service="trainguard-evaluate")
+logger = function_logger("evaluate")
 processor = BatchProcessor(event_type=EventType.SQS)
 
 

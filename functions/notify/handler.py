@@ -1,10 +1,10 @@
 """notify: rule-status events (EventBridge) → one SNS email/SMS per transition."""
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from trainguard.service.logs import function_logger
 from trainguard.service.notify import handle_event
 
-logger = Logger(service="trainguard-notify")
+logger = function_logger("notify")
 
 
 @logger.inject_lambda_context

@@ -1,10 +1,10 @@
 """report: when a job's evaluation finishes, write its profiler report next to its data."""
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from trainguard.service.logs import function_logger
 from trainguard.service.report import handle_event
 
-logger = Logger(service="trainguard-report")
+logger = function_logger("report")
 
 
 @logger.inject_lambda_context

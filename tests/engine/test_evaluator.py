@@ -7,9 +7,9 @@ import math
 import pytest
 from trainguard.engine.evaluator import advance, apply_end, apply_manifest, build_event, request_stop
 from trainguard.engine.model import JobState, StepArrival
-from trainguard.engine.store import _pack, _unpack
 from trainguard.format import documents as d
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.service.state_store import _pack, _unpack
 
 NOW = 1_800_000_000.0
 

@@ -146,7 +146,8 @@ def test_loss_rules_on_the_eval_metric(tmp_path):
     xv = rng.normal(size=(1000, 5))
     yv = xv[:, 0] + xv[:, 1] + 0.5 * rng.normal(size=1000)
     train(tmp_path / "good", {"max_depth": 2, "eta": 0.3}, x, y, xv, yv, collections=["metrics", "losses"])
-    rules = [rule("LossNotDecreasing"), rule("Overfit")]
+    # 20 rounds: LossNotDecreasing's default blocks of 50 training steps would compare nothing
+    rules = [rule("LossNotDecreasing", num_steps="5"), rule("Overfit")]
     assert judge(tmp_path / "good", rules) == {
         "LossNotDecreasing": "NoIssuesFound",
         "Overfit": "NoIssuesFound",
@@ -174,7 +175,9 @@ def test_classification_labels_and_class_predictions(tmp_path):
     assert set(preds.values) <= {0.0, 1.0, 2.0}  # class ids, not probabilities
     accuracy = np.mean(np.array(preds.values) == np.array(labels.values))
     assert accuracy > 0.9
-    verdict = judge(tmp_path / "mc", [rule("ClassImbalance"), rule("Confusion"), rule("LossNotDecreasing")])
+    verdict = judge(
+        tmp_path / "mc", [rule("ClassImbalance"), rule("Confusion"), rule("LossNotDecreasing", num_steps="5")]
+    )
     assert verdict == {
         "ClassImbalance": "NoIssuesFound",
         "Confusion": "NoIssuesFound",

@@ -97,7 +97,7 @@ def test_default_relative_test_on_validation_passes_after_warm_up() -> None:
     # a model still learning (80% right on every class) is not "confused"
     for seed in range(3):
         out = run(make("Confusion"), evaluation_job(None, seed=seed))
-        assert out.fired_at is None and out.state.steps_judged == 4, seed  # passes at 149, 199, 249, 299
+        assert out.fired_at is None and out.state.steps_judged == 5, seed  # all passes but the first
     # the absolute test fails the same model at its first judged pass
     assert run(make("Confusion", min_diag="0.9"), evaluation_job(None)).fired_at is not None
     # one class folded into another is found
@@ -142,7 +142,7 @@ def test_parameters() -> None:
     )
     assert c.absolute and not make("Confusion").config.absolute
     d = make("Confusion").config
-    assert (d.mode, d.warmup, d.bounds) == ("EVAL", 100, (0.9, 0.1))
+    assert (d.mode, d.start_step, d.bounds) == ("EVAL", None, (0.9, 0.1))
     assert "min_diag" in config_error("Confusion", min_diag="1.5")
     assert "category_no" in config_error("Confusion", category_no="0")
 

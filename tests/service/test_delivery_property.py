@@ -3,10 +3,11 @@
 S3 notifications are at-least-once and unordered, several workers write the same steps,
 and Lambdas run concurrently. Hypothesis draws jobs (1-3 workers that save different
 steps, losses that do or do not stall, NaN gradients, dead units, bad rule configs,
-jobs that never end) and a delivery schedule (duplicates, any order, 1-4 concurrent
-workers), runs every delivery through the real EvaluateService against DynamoDB and
-EventBridge on moto, and compares each job's final statuses and alert transitions with
-``trainguard replay`` of the same objects.
+jobs that never end), the format they are written in (version 1: one object per step;
+version 2: segments, each worker with its own window), and a delivery schedule
+(duplicates, any order, 1-4 concurrent workers); it runs every delivery through the real
+JobPipeline against S3, DynamoDB and EventBridge on moto, and compares each job's final
+statuses and alert transitions with ``trainguard replay`` of the version-1 objects.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moto import mock_aws
 from trainguard.engine.replay import replay
-from trainguard.engine.service import PermanentError
 from trainguard.engine.sources import LocalJob
-from trainguard.engine.store import VersionConflict
+from trainguard.format.convert import WindowRules, convert_objects
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.service.pipeline import PermanentError
+from trainguard.service.state_store import VersionConflict
 
 
 @st.composite
@@ -126,16 +128,21 @@ def statuses(state) -> list[tuple]:
     seed=st.integers(0, 2**32 - 1),
     duplicate_rate=st.sampled_from([0.0, 0.3, 1.0]),
     threads=st.integers(1, 4),
+    segments=st.booleans(),
+    windows=st.lists(st.integers(1, 7), min_size=3, max_size=3),
 )
 def test_live_evaluation_equals_replay(
-    tmp_path_factory, atomic_dynamodb, aws_factory, jobs, seed, duplicate_rate, threads
+    tmp_path_factory, atomic_dynamodb, aws_factory, jobs, seed, duplicate_rate, threads, segments, windows
 ):
     rng = random.Random(seed)
     with mock_aws():
         aws = aws_factory()
         keys: list[str] = []
         for job in jobs:
-            keys += aws.put_job(job.job, job.objects())
+            objects = job.objects()
+            if segments:  # format 2, each worker cutting its steps into its own windows
+                objects = convert_objects(objects, lambda w: WindowRules(window_s=None, max_steps=windows[w]))
+            keys += aws.put_job(job.job, objects)
         keys += [k for k in keys if rng.random() < duplicate_rate]
         rng.shuffle(keys)
         deliver(aws, keys, threads)

@@ -104,7 +104,7 @@ def test_clean_job_ends_with_no_issues(cloud):
     )
     put(cloud, job.job, job.objects())
     assert cloud.wait_idle(30)
-    from trainguard.engine.store import StateStore
+    from trainguard.service.state_store import StateStore
 
     state, _ = StateStore(cloud.resources.table, clients.client("dynamodb")).load_state("clean-1")
     assert state.finished
@@ -159,7 +159,7 @@ def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):
     assert "declared header length" in joined
     assert "outside the trainguard layout" in joined
     assert "manifest.json" in joined
-    from trainguard.engine.store import StateStore
+    from trainguard.service.state_store import StateStore
 
     state, _ = StateStore(cloud.resources.table, clients.client("dynamodb")).load_state("good-1")
     assert state.finished and all(r.status == "NoIssuesFound" for r in state.rules)

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from trainguard.engine.service import PermanentError
 from trainguard.service.evaluate import s3_objects
+from trainguard.service.pipeline import PermanentError
 
 
 def record(key: str, event: str = "ObjectCreated:Put") -> dict:

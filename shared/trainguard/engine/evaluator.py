@@ -1,12 +1,21 @@
 """Pure job evaluation: the same code behind the Lambda, ``trainguard replay`` and the tests.
 
-Ordering. Each worker's step objects form a chain (``prev_step``). A worker's next object
-is the one whose ``prev_step`` is the worker's frontier (the last step of it evaluated).
-The next global step ``s`` can be evaluated only when every worker's next object is known
-(or the worker has ended): then ``s`` is the smallest of those next steps, every worker
-whose next object is at ``s`` contributes it, and the others provably wrote nothing at
-``s``. So the steps evaluated, and what each holds, do not depend on arrival order,
-duplication or concurrency: a live evaluation equals a sequential replay.
+Ordering. Each worker's data forms a chain. Format 1: one object per step, chained by
+``prev_step``; a worker's next object is the one whose ``prev_step`` is the worker's
+frontier (the last step of it evaluated). Format 2: one segment per flush window, chained by
+``seq`` (0, 1, 2, ...); a worker's current segment is the one after the last it finished,
+and its next step is the first one past the frontier. The next global step ``s`` can be
+evaluated only when every worker's next step is known (or the worker has ended): then ``s``
+is the smallest of those next steps, every worker whose next step is ``s`` contributes it,
+and the others provably wrote nothing at ``s`` (smdebug's rule: a step is complete when
+every worker wrote it, a later step is complete, or the job ended). So the steps
+evaluated, and what each holds, do not depend on arrival order, duplication, concurrency,
+or how a worker cut its steps into segments: a live evaluation equals a sequential replay.
+
+What arrives is a pointer; its header is in memory or read again through a
+:class:`~trainguard.engine.model.HeaderReader`, only when the evaluation reaches it. An
+object that cannot be read is a bad arrival: it keeps its place in the chain (its key gives
+the step range), contributes nothing, and its reason is recorded.
 
 Every function here takes a state and returns a new one plus the transitions it made;
 nothing touches AWS.
@@ -14,6 +23,7 @@ nothing touches AWS.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -23,14 +33,29 @@ from functools import lru_cache
 from typing import Any
 
 from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
-from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
-from trainguard.format.documents import EndMarker, Manifest
-from trainguard.rules.base import Coverage, Finding, Rule, StepData, merge_coverage
+from trainguard.engine.model import (
+    HeaderReader,
+    JobInfo,
+    JobState,
+    RuleRecord,
+    SegmentArrival,
+    StepArrival,
+    SystemArrival,
+    Transition,
+    UnreadableObject,
+)
+from trainguard.format.documents import EndMarker, Manifest, Mode, SegmentHeader, StepHeader
+from trainguard.rules.base import AnyRule, Coverage, Finding, Rule, StepData, SystemRule, fmt, merge_coverage
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
 from trainguard.rules.profiler.base import ProfilerRule
 
 #: at most this many steps per advance call, so one invocation's work stays bounded
-MAX_STEPS_PER_ADVANCE = 5_000
+MAX_STEPS_PER_ADVANCE = 20_000
+#: invalid-object reasons kept in the job state (the first ones; the count goes on)
+MAX_INVALID_REASONS = 20
+#: at most one point per scalar per this many seconds of training time goes to the metrics
+#: (a job saving its loss 100 times a second must not write 100 metric records a second)
+METRIC_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -39,11 +64,48 @@ class Outcome:
     transitions: list[Transition] = field(default_factory=list)
     #: (step, worker) arrivals that were evaluated or are stale and can be deleted
     consumed: list[tuple[int, int]] = field(default_factory=list)
+    #: format-2 segments whose every step was evaluated, or stale duplicates: deletable
+    consumed_segments: list[SegmentArrival] = field(default_factory=list)
     #: (worker, seq) system batches likewise
     consumed_system: list[tuple[int, int]] = field(default_factory=list)
     changed: bool = False
-    #: per evaluated step: (step, wall time, {"<MODE>.<scalar>": mean over workers}) for metrics
+    #: evaluated steps, at most one per METRIC_INTERVAL_S of training time: (step, wall time,
+    #: {"<MODE>.<scalar>": mean over workers}) for metrics
     scalars: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
+    #: rule states while steps are evaluated (loaded once, dumped once per advance)
+    rule_states: RuleStates = field(default_factory=lambda: RuleStates(), repr=False)
+
+
+class RuleStates:
+    """Each rule's state, loaded once per :func:`advance` and dumped once at its end.
+
+    A segment holds hundreds of steps; validating and dumping every rule's state at each of
+    them would cost more than the rules themselves. The states round-trip through JSON
+    between advances (that is what the state table stores), so a rule's verdicts do not
+    depend on how steps were grouped.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, tuple[Rule[Any, Any], Any]] = {}
+
+    def load(self, record: RuleRecord, rule: Rule[Any, Any]) -> Any:
+        live = self._live.get(record.name)
+        if live is None:
+            return rule.load_state(record.state)
+        return live[1]
+
+    def keep(self, record: RuleRecord, rule: Rule[Any, Any], state: Any) -> None:
+        self._live[record.name] = (rule, state)
+
+    def discard(self, record: RuleRecord) -> None:
+        self._live.pop(record.name, None)
+
+    def flush(self, records: Iterable[RuleRecord]) -> None:
+        """Write every live state back into its record (as JSON, what the table stores)."""
+        for record in records:
+            live = self._live.pop(record.name, None)
+            if live is not None:
+                record.state = live[0].dump_state(live[1])
 
 
 def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
@@ -84,11 +146,19 @@ def apply_end(state: JobState, marker: EndMarker) -> Outcome:
 
 
 def record_invalid(state: JobState, reason: str) -> Outcome:
-    if reason in state.invalid_objects or len(state.invalid_objects) >= 20:
+    if reason[:500] in state.invalid_objects or len(state.invalid_objects) >= MAX_INVALID_REASONS:
         return Outcome(state)
     new = state.model_copy(deep=True)
-    new.invalid_objects.append(reason[:500])
+    _note_invalid(new, reason)
     return Outcome(new, changed=True)
+
+
+def _note_invalid(state: JobState, reason: str) -> bool:
+    text = reason[:500]
+    if text in state.invalid_objects or len(state.invalid_objects) >= MAX_INVALID_REASONS:
+        return False
+    state.invalid_objects.append(text)
+    return True
 
 
 def request_stop(state: JobState, now: float) -> Outcome:
@@ -117,18 +187,16 @@ def apply_clock(state: JobState, now: float) -> Outcome:
     configured = {c.configuration_name: c for c in _configured(state.info)}
     for record in new.rules:
         rule = configured[record.name].rule if record.name in configured else None
-        if record.status != "InProgress" or rule is None:
+        if record.status != "InProgress" or rule is None or not rule.uses_clock:
             continue
         try:
-            if hasattr(rule, "check"):  # model-side clock rules (StalledTrainingRule)
-                rule_state, findings = rule.check(rule.load_state(record.state), now, started=new.created)
-                record.state = rule.dump_state(rule_state)
-            elif hasattr(rule, "check_clock"):  # profiler clock rules (MaxInitializationTime)
+            if isinstance(rule, SystemRule):  # judged per worker: the timer looks at worker 0's state
                 worker_state = rule.load_state(record.worker_states.get(0))
-                worker_state, findings = rule.check_clock(worker_state, now, new.created)
+                worker_state, findings = rule.check(worker_state, now, started=new.created)
                 record.worker_states[0] = rule.dump_state(worker_state)
             else:
-                continue
+                rule_state, findings = rule.check(rule.load_state(record.state), now, started=new.created)
+                record.state = rule.dump_state(rule_state)
         except Exception as exc:
             _set_status(
                 out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now
@@ -141,69 +209,244 @@ def apply_clock(state: JobState, now: float) -> Outcome:
 
 def advance(
     state: JobState,
-    arrivals: Iterable[StepArrival],
+    arrivals: Iterable[StepArrival | SegmentArrival],
     now: float,
     max_steps: int | None = MAX_STEPS_PER_ADVANCE,
     system: Iterable[SystemArrival] = (),
     other_steps: OtherSteps | None = None,
+    headers: HeaderReader | None = None,
 ) -> Outcome:
     """Evaluate every step that is complete, in order; finish the job when all workers ended.
 
-    At most ``max_steps`` steps are evaluated (None: no limit); the caller advances again.
+    ``arrivals``: what is buffered for the job, step objects (format 1) and segments
+    (format 2), in any order, duplicates allowed. ``headers`` reads the header of an arrival
+    that carries none (a pointer from the state table). At most ``max_steps`` steps are
+    evaluated (None: no limit); the caller advances again.
     """
     out = Outcome(state.model_copy(deep=True))
     new = out.state
-    pending: dict[int, dict[int, StepArrival]] = {}
+    world = new.info.world_size if new.info is not None else None
+    steps: dict[int, dict[int, StepArrival]] = {}
+    segments: dict[int, dict[int, SegmentArrival]] = {}
     for arrival in arrivals:
-        last = new.frontier.get(arrival.worker, -1)
-        if arrival.step <= last:
-            out.consumed.append((arrival.step, arrival.worker))  # stale duplicate
-            continue
-        pending.setdefault(arrival.worker, {})[arrival.step] = arrival
+        if world is not None and arrival.worker >= world:
+            # a rank outside the job's world can never complete a step: say so, then drop it
+            out.changed |= _note_invalid(
+                new, f"{arrival.key}: worker {arrival.worker} is outside the job's world size {world}"
+            )
+            _consume(out, arrival)
+        elif isinstance(arrival, SegmentArrival):
+            if arrival.seq <= new.segment_frontier.get(arrival.worker, -1):
+                out.consumed_segments.append(arrival)  # a stale duplicate
+            else:
+                segments.setdefault(arrival.worker, {})[arrival.seq] = arrival
+        elif arrival.step <= new.frontier.get(arrival.worker, -1):
+            out.consumed.append((arrival.step, arrival.worker))  # a stale duplicate
+        else:
+            steps.setdefault(arrival.worker, {})[arrival.step] = arrival
     if new.info is None or new.finished:
         return out
+    assert world is not None
+    chains: dict[int, _Chain] = {}
+    for worker in set(steps) | set(segments):
+        if worker in segments or worker in new.segment_frontier:
+            for arrival in steps.get(worker, {}).values():
+                # a worker writes one format; a step object beside its segments is not its chain
+                out.changed |= _note_invalid(
+                    new, f"{arrival.key}: worker {worker} writes format-2 segments; step object ignored"
+                )
+                _consume(out, arrival)
+            chains[worker] = _SegmentChain(worker, segments.get(worker, {}), out, headers)
+        else:
+            chains[worker] = _StepChain(worker, steps[worker], out, headers)
     rules = {c.configuration_name: c for c in _configured(new.info)}
-    world = new.info.world_size
     budget = max_steps if max_steps is not None else 1 << 62
+    last_metric: float | None = None
     while budget > 0:
         budget -= 1
-        nexts: dict[int, StepArrival] = {}
+        nexts: dict[int, int] = {}
         blocked = False
         for worker in range(world):
-            frontier = new.frontier.get(worker)
-            if worker in new.ended and new.ended[worker] == frontier:
+            if worker in new.ended and new.ended[worker] == new.frontier.get(worker):
                 continue  # this worker has no more steps
-            candidates = pending.get(worker, {})
-            if not candidates:
-                blocked = True
-                break
-            first = candidates[min(candidates)]
-            if first.prev_step == frontier or first.bad is not None:
-                nexts[worker] = first
-            else:
+            chain = chains.get(worker)
+            upcoming = chain.peek() if chain is not None else None
+            if upcoming is None:
                 blocked = True  # the worker's next object has not arrived yet
                 break
+            nexts[worker] = upcoming
         if blocked or not nexts:
             break
-        step = min(a.step for a in nexts.values())
-        contributing = [a for a in nexts.values() if a.step == step]
-        headers = [a.header for a in contributing if a.header is not None]
-        for arrival in contributing:
-            new.frontier[arrival.worker] = step
-            del pending[arrival.worker][step]
-            out.consumed.append((step, arrival.worker))
-        new.watermark = step
-        new.steps_evaluated += 1
+        step = min(nexts.values())
+        contributed: list[StepHeader] = []
+        for worker, upcoming in nexts.items():
+            if upcoming == step:
+                header = chains[worker].take(step)
+                if header is not None:
+                    contributed.append(header)
+        new.watermark = max(new.watermark, step)
         out.changed = True
-        if headers:
-            data = StepData.from_headers(headers)
+        if contributed:
+            new.steps_evaluated += 1
+            data = StepData.from_headers(contributed)
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
-            out.scalars.append((data.step, data.wall_time, scalar_means(data)))
+            if last_metric is None or not last_metric <= data.wall_time < last_metric + METRIC_INTERVAL_S:
+                out.scalars.append((data.step, data.wall_time, scalar_means(data)))
+                last_metric = data.wall_time
             _evaluate_step(out, rules, data, now, other_steps)
+    out.rule_states.flush(new.rules)
     _advance_system(out, rules, system, now)
     if _all_ended(new):
         _finish(out, rules, now)
     return out
+
+
+def _consume(out: Outcome, arrival: StepArrival | SegmentArrival) -> None:
+    if isinstance(arrival, SegmentArrival):
+        out.consumed_segments.append(arrival)
+    else:
+        out.consumed.append((arrival.step, arrival.worker))
+
+
+class _Chain:
+    """One worker's pending data: its next step (``peek``) and that step's header (``take``)."""
+
+    def __init__(self, worker: int, out: Outcome, headers: HeaderReader | None) -> None:
+        self.worker = worker
+        self.out = out
+        self.state = out.state
+        self.headers = headers
+
+    def peek(self) -> int | None:
+        """The worker's next step, or None while the object holding it has not arrived."""
+        raise NotImplementedError
+
+    def take(self, step: int) -> StepHeader | None:
+        """Move past ``step`` (the value ``peek`` gave); its header, None for a bad arrival."""
+        raise NotImplementedError
+
+    def _frontier(self) -> int:
+        return self.state.frontier.get(self.worker, -1)
+
+    def _unreadable(self, reason: str) -> None:
+        self.out.changed |= _note_invalid(self.state, reason)
+
+
+class _StepChain(_Chain):
+    """Format 1: one object per step, each naming the worker's previous step (``prev_step``)."""
+
+    def __init__(
+        self, worker: int, pending: dict[int, StepArrival], out: Outcome, headers: HeaderReader | None
+    ) -> None:
+        super().__init__(worker, out, headers)
+        self.pending = pending
+        self.order = sorted(pending)
+        self.position = 0
+
+    def peek(self) -> int | None:
+        if self.position >= len(self.order):
+            return None
+        arrival = self.pending[self.order[self.position]]
+        frontier = self.state.frontier.get(self.worker)
+        if arrival.prev_step == frontier or arrival.bad is not None:
+            return arrival.step
+        return None
+
+    def take(self, step: int) -> StepHeader | None:
+        arrival = self.pending[self.order[self.position]]
+        self.position += 1
+        self.state.frontier[self.worker] = step
+        self.out.consumed.append((step, self.worker))
+        if arrival.bad is not None:
+            return None
+        if arrival.header is not None:
+            return arrival.header
+        if self.headers is None:
+            raise RuntimeError(f"{arrival.key} is buffered without its header and no reader was given")
+        try:
+            return self.headers.step(arrival)
+        except UnreadableObject as exc:
+            self._unreadable(str(exc))
+            return None
+
+
+class _SegmentChain(_Chain):
+    """Format 2: segments chained by ``seq``; the current one may be consumed step by step."""
+
+    def __init__(
+        self, worker: int, pending: dict[int, SegmentArrival], out: Outcome, headers: HeaderReader | None
+    ) -> None:
+        super().__init__(worker, out, headers)
+        self.pending = pending
+        self.opened: SegmentArrival | None = None
+        self.header: SegmentHeader | None = None
+        self.index = 0
+
+    def _current(self) -> SegmentArrival | None:
+        """The worker's current segment, opened, past every step already evaluated."""
+        while True:
+            seq = self.state.segment_frontier.get(self.worker, -1) + 1
+            arrival = self.pending.get(seq)
+            if arrival is None:
+                return None
+            if self.opened is not arrival:
+                self._open(arrival)
+            if self.header is None:  # bad: its steps are unknown, it moves the chain past them
+                if arrival.last_step > self._frontier():
+                    return arrival
+            elif self.index < len(self.header.steps):
+                return arrival
+            self._finish(arrival)
+
+    def _open(self, arrival: SegmentArrival) -> None:
+        self.opened, self.header, self.index = arrival, None, 0
+        if arrival.bad is not None:
+            return
+        header = arrival.header
+        if header is None:
+            if self.headers is None:
+                raise RuntimeError(f"{arrival.key} is buffered without its header and no reader was given")
+            try:
+                header = self.headers.segment(arrival)
+            except UnreadableObject as exc:
+                self._unreadable(str(exc))
+                return
+        frontier = self._frontier()
+        if arrival.seq > 0 and frontier < header.first_step and header.prev_step != frontier:
+            # the chain is still ordered by seq; a gap or overlap in steps is worth a reason
+            self._unreadable(
+                f"{arrival.key}: prev_step {header.prev_step}, but the worker's previous segment "
+                f"ended at step {frontier}"
+            )
+        self.header = header
+        self.index = bisect.bisect_right(header.steps, frontier, key=lambda entry: entry.step)
+
+    def _finish(self, arrival: SegmentArrival) -> None:
+        self.state.segment_frontier[self.worker] = arrival.seq
+        self.state.frontier[self.worker] = max(self._frontier(), arrival.last_step)
+        self.out.consumed_segments.append(arrival)
+        self.opened, self.header = None, None
+
+    def peek(self) -> int | None:
+        arrival = self._current()
+        if arrival is None:
+            return None
+        if self.header is None:
+            return max(arrival.first_step, self._frontier() + 1)
+        return self.header.steps[self.index].step
+
+    def take(self, step: int) -> StepHeader | None:
+        arrival = self._current()
+        assert arrival is not None
+        if self.header is None:
+            self._finish(arrival)
+            return None
+        view = self.header.step_header(self.index)
+        self.index += 1
+        self.state.frontier[self.worker] = view.step
+        if self.index == len(self.header.steps):
+            self._finish(arrival)
+        return view
 
 
 #: profiler rules keep a state per worker; workers past this many are stored for the
@@ -289,20 +532,21 @@ def _evaluate_step(
         if record.status not in ("InProgress", "Stopping"):
             continue
         configured = rules.get(record.name)
-        if configured is None or configured.rule is None or configured.rule.kind == "profiler":
-            continue
-        rule = configured.rule
+        rule = configured.rule if configured is not None else None
+        if not isinstance(rule, Rule):
+            continue  # a configuration error, or a system rule (judged on system batches)
         try:
-            rule_state = rule.load_state(record.state)
+            rule_state = out.rule_states.load(record, rule)
             rule_state, findings = rule.update(rule_state, data)
-            compare = getattr(rule, "compare", None)
-            if compare is not None and other_steps is not None and not findings:
+            other_job = rule.compares_with()
+            if other_job is not None and other_steps is not None and not findings:
                 # a cross-job rule: the other job's data must be written already (a reference run)
-                other = other_steps(rule.config.other_job, data.step)
+                other = other_steps(other_job, data.step)
                 if other is not None:
-                    rule_state, findings = compare(rule_state, data, other)
-            record.state = rule.dump_state(rule_state)
+                    rule_state, findings = rule.compare(rule_state, data, other)
+            out.rule_states.keep(record, rule, rule_state)
         except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
+            out.rule_states.discard(record)
             _set_status(
                 out,
                 record,
@@ -312,7 +556,7 @@ def _evaluate_step(
             )
             continue
         if findings:
-            _fire(out, record, findings[0], now)
+            _fire(out, record, findings[0], now, data)
 
 
 def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
@@ -328,7 +572,7 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
         if configured is not None and configured.rule is not None:
             rule = configured.rule
             try:
-                if rule.kind == "profiler":
+                if isinstance(rule, SystemRule):
                     covered: list[Coverage | None] = []
                     for worker in sorted(record.worker_states):
                         worker_state = rule.load_state(record.worker_states[worker])
@@ -376,12 +620,28 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
             )
 
 
-def _fire(out: Outcome, record: RuleRecord, finding: Finding, now: float) -> None:
+def _fire(
+    out: Outcome, record: RuleRecord, finding: Finding, now: float, data: StepData | None = None
+) -> None:
     record.step = finding.step
+    record.mode, record.mode_step = _mode_step(data, finding.step)
     record.value = _finite_or_none(finding.value)
+    record.value_text = None if finding.value is None or record.value is not None else fmt(finding.value)
     record.threshold = _finite_or_none(finding.threshold)
     record.tensor = finding.tensor
     _set_status(out, record, "IssuesFound", finding.details(), now)
+
+
+def _mode_step(data: StepData | None, step: int) -> tuple[Mode | None, int | None]:
+    """The mode of global step ``step`` and its mode step (TRAIN first when a step holds several)."""
+    if data is None or data.step != step:
+        return None, None
+    for mode in data.modes():
+        for header in data.workers:
+            record = header.modes.get(mode)
+            if record is not None:
+                return mode, record.mode_step
+    return None, None
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -432,7 +692,10 @@ def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
         StatusDetails=record.details,
         LastModifiedTime=record.modified,
         Step=record.step,
+        Mode=record.mode,
+        ModeStep=record.mode_step,
         Value=record.value,
+        ValueText=record.value_text,
         Threshold=record.threshold,
         Tensor=record.tensor,
         Actions=record.actions,
@@ -468,5 +731,5 @@ def _configured_cached(key: str, rule_modules: str) -> list[ConfiguredRule]:
     return parse_rule_configurations(entries)
 
 
-def rule_objects(info: JobInfo) -> dict[str, Rule[Any, Any] | None]:
+def rule_objects(info: JobInfo) -> dict[str, AnyRule | None]:
     return {c.configuration_name: c.rule for c in _configured(info)}

@@ -7,12 +7,13 @@ the per-worker frontier and the end markers seen all change together or not at a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
-from trainguard.format.documents import Manifest, StepHeader
+from trainguard.format.documents import Manifest, Mode, SegmentHeader, StepHeader
+from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
 
@@ -24,7 +25,12 @@ class RuleRecord(BaseModel):
     status: Status = "InProgress"
     details: str = ""
     step: int | None = None
+    #: the mode of ``step`` and its mode step, when the step's data said (model rules)
+    mode: Mode | None = None
+    mode_step: int | None = None
     value: float | None = None
+    #: the value as text when it was not finite (``value`` is then None)
+    value_text: str | None = None
     threshold: float | None = None
     tensor: str | None = None
     actions: list[str] = Field(default_factory=list)
@@ -67,6 +73,10 @@ class JobState(BaseModel):
     watermark: int = -1
     #: worker -> last step of that worker that was evaluated (absent: none yet)
     frontier: dict[int, int] = Field(default_factory=dict)
+    #: format 2: worker -> seq of its last segment whose every step was evaluated (absent:
+    #: none yet). The segment after it is the worker's current one; its steps up to
+    #: ``frontier`` are done (a segment is consumed partly while other workers lag).
+    segment_frontier: dict[int, int] = Field(default_factory=dict)
     #: worker -> the last step it wrote, from its end marker (None: it wrote no step)
     ended: dict[int, int | None] = Field(default_factory=dict)
     #: worker -> last system batch seq evaluated (profiling)
@@ -96,15 +106,68 @@ class JobState(BaseModel):
         return "InProgress"
 
 
+class UnreadableObject(ValueError):
+    """A buffered object could not be read again (gone, changed, malformed): the reason."""
+
+
 @dataclass(frozen=True)
 class StepArrival:
-    """A step object that has arrived (or could not be read, with ``bad`` saying why)."""
+    """A format-1 step object that has arrived (or could not be read, with ``bad`` saying why).
+
+    What the state table buffers is a pointer: ``prev_step`` (the worker's chain), the
+    object's ``size`` and ``header_end`` (8 + the JSON header's length: the one bounded
+    ranged GET that reads the header again). ``header`` is set when the header is in memory
+    (just read, or read by replay); otherwise the evaluator asks its :class:`HeaderReader`.
+    """
 
     step: int
     worker: int
     prev_step: int | None
     header: StepHeader | None
     bad: str | None = None
+    size: int = 0
+    header_end: int = 0
+
+    @property
+    def key(self) -> str:
+        return step_key(self.step, self.worker)
+
+
+@dataclass(frozen=True)
+class SegmentArrival:
+    """A format-2 segment that has arrived: a pointer (its key alone gives worker, seq and
+    step range, so even an unreadable segment keeps its place in the worker's chain).
+
+    ``bad``: why it could not be read; its steps then contribute nothing, and the worker's
+    chain moves past ``last_step``.
+    """
+
+    worker: int
+    seq: int
+    first_step: int
+    last_step: int
+    prev_step: int | None = None
+    header: SegmentHeader | None = None
+    bad: str | None = None
+    size: int = 0
+    header_end: int = 0
+
+    @property
+    def key(self) -> str:
+        return segment_key(self.worker, self.seq, self.first_step, self.last_step)
+
+
+class HeaderReader(Protocol):
+    """Reads a buffered object's header again (the live service: a per-process cache, else one
+    bounded ranged GET of ``header_end`` bytes; replay: the job folder).
+
+    Raises :class:`UnreadableObject` with the reason when the object is gone or no longer
+    what the pointer says; the evaluator then treats it as a bad arrival.
+    """
+
+    def step(self, arrival: StepArrival) -> StepHeader: ...
+
+    def segment(self, arrival: SegmentArrival) -> SegmentHeader: ...
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""Offline evaluation of a stored job: the reference the live pipeline must equal."""
+"""Offline evaluation of a stored job: the reference the live pipeline must equal.
+
+Both formats: step objects (format 1) are decoded as they are listed (their ``prev_step``
+orders the chain); segments (format 2) are placed by their keys and their headers read when
+the evaluation reaches them, so memory stays bounded by one segment per worker.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.engine.evaluator import Outcome, advance, apply_end, apply_manifest, record_invalid
-from trainguard.engine.model import JobState, StepArrival, SystemArrival, Transition
+from trainguard.engine.model import JobState, SegmentArrival, StepArrival, SystemArrival, Transition
 from trainguard.engine.sources import (
     JobSource,
     ObjectError,
     OtherJobs,
+    SourceHeaders,
+    pointer_of,
     read_end,
     read_manifest,
     sibling_opener,
@@ -55,13 +62,18 @@ def replay(
     rules: list[dict[str, Any]] | None = None,
     progress: Callable[[int, int], None] | None = None,
     now: float | None = None,
+    open_job: Callable[[str], JobSource] | None = None,
 ) -> ReplayResult:
-    """Evaluate every object of ``source`` in step order with the job's (or the given) rules."""
+    """Evaluate every object of ``source`` in step order with the job's (or the given) rules.
+
+    ``open_job`` opens the other jobs a cross-job rule compares with (default: as the
+    source opens its siblings).
+    """
     now = time.time() if now is None else now
     warnings: list[str] = []
     manifest: Manifest | None = None
     ends: list[EndMarker] = []
-    arrivals: list[StepArrival] = []
+    arrivals: list[StepArrival | SegmentArrival] = []
     system: list[SystemArrival] = []
     refs = list(source.objects())
     for index, ref in enumerate(refs):
@@ -73,6 +85,8 @@ def replay(
             elif ref.kind is ObjectKind.STEP:
                 head, size = source.head(ref)
                 arrivals.append(step_arrival(ref, head, size))
+            elif ref.kind is ObjectKind.SEGMENT:
+                arrivals.append(pointer_of(ref))
             elif ref.kind is ObjectKind.SYSTEM:
                 system.append(system_arrival(ref, source.document(ref)))
             elif ref.kind is ObjectKind.END:
@@ -81,6 +95,7 @@ def replay(
             warnings.append(str(exc))
     if manifest is None:
         sizes = [a.header.world_size for a in arrivals if a.header is not None]
+        sizes += [a.worker + 1 for a in arrivals]
         manifest = Manifest(
             job=source.job, created=now, hook_version="unknown", world_size=max(sizes, default=1)
         )
@@ -103,6 +118,19 @@ def replay(
         if arrival.bad is not None:
             state = take(record_invalid(state, arrival.bad))
             warnings.append(arrival.bad)
-    other_steps = OtherJobs(sibling_opener(source))
-    state = take(advance(state, arrivals, now, max_steps=None, system=system, other_steps=other_steps))
+    other_steps = OtherJobs(open_job or sibling_opener(source))
+    seen = set(state.invalid_objects)
+    state = take(
+        advance(
+            state,
+            arrivals,
+            now,
+            max_steps=None,
+            system=system,
+            other_steps=other_steps,
+            headers=SourceHeaders(source),
+        )
+    )
+    warnings += [reason for reason in state.invalid_objects if reason not in seen]
+    warnings += other_steps.problems
     return ReplayResult(state, transitions, warnings)

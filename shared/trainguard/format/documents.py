@@ -188,6 +188,28 @@ class SegmentHeader(_Strict):
             raise ValueError("a segment cannot close before it opened")
         return self
 
+    def step_header(self, index: int) -> StepHeader:
+        """Step ``index`` of the segment as the step document a format-1 object of it would carry.
+
+        The segment was validated as a whole, so the view is built without validating again
+        (``model_construct``): cheap enough to evaluate thousands of steps a second.
+        ``prev_step`` chains through the segment and into the previous one.
+        """
+        entry = self.steps[index]
+        return StepHeader.model_construct(
+            job=self.job,
+            step=entry.step,
+            worker=self.worker,
+            world_size=self.world_size,
+            prev_step=self.steps[index - 1].step if index > 0 else self.prev_step,
+            wall_time=entry.wall_time,
+            modes=entry.modes,
+        )
+
+    def step_headers(self) -> list[StepHeader]:
+        """Every step of the segment as a format-1 step document (see :meth:`step_header`)."""
+        return [self.step_header(i) for i in range(len(self.steps))]
+
 
 def segment_tensor_key(step: int, mode: str, name: str) -> str:
     """Name of a full tensor inside a segment object's body: ``<step:012d>/<MODE>/<name>``."""

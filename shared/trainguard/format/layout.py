@@ -89,6 +89,31 @@ def segment_key(worker: int, seq: int, first_step: int, last_step: int) -> str:
     return f"segments/worker-{worker:05d}/{seq:012d}-{first_step:012d}-{last_step:012d}.safetensors"
 
 
+def relative_key(ref: ObjectRef) -> str:
+    """The key of ``ref`` inside its job folder (the inverse of :func:`parse_relative`)."""
+    if ref.kind is ObjectKind.MANIFEST:
+        return MANIFEST
+    if ref.kind is ObjectKind.STEP and ref.step is not None and ref.worker is not None:
+        return step_key(ref.step, ref.worker)
+    if (
+        ref.kind is ObjectKind.SEGMENT
+        and ref.worker is not None
+        and ref.seq is not None
+        and ref.step is not None
+        and ref.last_step is not None
+    ):
+        return segment_key(ref.worker, ref.seq, ref.step, ref.last_step)
+    if ref.kind is ObjectKind.SYSTEM and ref.worker is not None and ref.seq is not None:
+        return system_key(ref.worker, ref.seq)
+    if ref.kind is ObjectKind.END and ref.worker is not None:
+        return end_key(ref.worker)
+    if ref.kind is ObjectKind.STOP:
+        return STOP_SIGNAL
+    if ref.kind is ObjectKind.REPORT:
+        return REPORT
+    raise LayoutError(f"{ref} does not name one object")
+
+
 def end_key(worker: int) -> str:
     _check_worker(worker)
     return f"end/worker-{worker:05d}.json"

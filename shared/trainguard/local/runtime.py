@@ -9,6 +9,10 @@ description the CDK stack is built from) and does the delivery AWS would do:
   then moved to the DLQ by SQS's redrive policy, as in AWS);
 - each EventBridge rule gets an SQS target queue; a poller hands the event in it to the
   target function's handler, exactly the event a Lambda target would receive.
+
+Each handler runs with the permissions the stack grants its function (``trainguard.local.iam``):
+moto authorizes every request against that function's IAM user, and every call is recorded
+(``cloud.authority.recorder``) so that tests can check it against the synthesized template.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from types import ModuleType
 from typing import Any
 
 from trainguard import service
-from trainguard.service import clients
-from trainguard.wiring import TABLE, WIRING, BusRuleSpec, Wiring
+from trainguard.local.iam import LocalAuthority
+from trainguard.service import clients, logs
+from trainguard.service.settings import Env
+from trainguard.wiring import SAGEMAKER_STOP, TABLE, WIRING, BusRuleSpec, Ref, Wiring
 
 logger = logging.getLogger("trainguard.local")
 
@@ -94,28 +100,27 @@ class Resources:
     queues: dict[str, str] = field(default_factory=dict)  # id -> url
     dlqs: dict[str, str] = field(default_factory=dict)  # id -> url
     targets: dict[str, str] = field(default_factory=dict)  # bus-rule id -> target queue url
+    #: what trainguard.wiring gives the functions (the handlers share this process's environment)
+    function_env: dict[str, str] = field(default_factory=dict)
+    #: the operator's keys (the runtime's own calls, and the CLI's)
+    access_key: tuple[str, str] = ("testing", "testing")
 
     def env(self) -> dict[str, str]:
         """Environment of every handler (what the CDK stack sets on each function)."""
         return {
-            "TABLE_NAME": self.table,
-            "BUS_NAME": self.bus,
-            "BUCKET_NAME": self.bucket,
-            "TOPIC_ARN": self.topic_arn,
-            "INGEST_DLQ_URL": self.dlqs.get("ingest", ""),
-            "POWERTOOLS_SERVICE_NAME": "trainguard",
-            "POWERTOOLS_METRICS_NAMESPACE": "trainguard",
-            "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
-            "POWERTOOLS_METRICS_DISABLED": "true",
-            "POWERTOOLS_TRACE_DISABLED": "true",
+            **self.function_env,
+            Env.POWERTOOLS_METRICS_DISABLED: "true",
+            Env.POWERTOOLS_TRACE_DISABLED: "true",
         }
 
-    def client_env(self) -> dict[str, str]:
-        """Environment for a training process that should write to this local cloud."""
+    def client_env(self, access_key: tuple[str, str] | None = None) -> dict[str, str]:
+        """Environment for a process that talks to this local cloud (operator keys by default;
+        a training job: ``LocalCloud.training_env``)."""
+        key_id, secret = access_key or self.access_key
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ACCESS_KEY_ID": key_id,
+            "AWS_SECRET_ACCESS_KEY": secret,
             "AWS_DEFAULT_REGION": REGION,
             "TRAINGUARD_BUCKET": self.bucket,
         }
@@ -162,6 +167,8 @@ class LocalCloud:
         custom_actions: list[CustomAction] | None = None,
         observe: bool = True,
         clock_speedup: float = 1.0,
+        enforce_iam: bool = True,
+        sagemaker_stop: bool = False,
     ) -> None:
         self.wiring = wiring
         self.name = name
@@ -180,6 +187,10 @@ class LocalCloud:
         self.events: list[dict[str, Any]] = []
         self.on_event: list[Callable[[dict[str, Any]], None]] = []
         self.on_invoke: list[Callable[[str, dict[str, Any], Any, float], None]] = []
+        #: moto enforces each function's policy (off: every handler acts as the operator)
+        self.enforce_iam = enforce_iam
+        self.features = frozenset({SAGEMAKER_STOP} if sagemaker_stop else set())
+        self.authority: LocalAuthority | None = None
 
     # lifecycle --------------------------------------------------------------------------
     def start(self) -> Resources:
@@ -201,15 +212,68 @@ class LocalCloud:
             }
         )
         service.reset()
+        clients.use_endpoint(endpoint)  # the handlers' clients, whenever they are made
         self.resources = self._provision(endpoint)
         self._set_env(self.resources.env())
+        if self.enforce_iam:
+            self.authority = LocalAuthority(self.wiring, self.arn, self.name, self.features)
+            operator = self.authority.start(clients.client("iam"))
+            self.resources.access_key = (operator.access_key_id, operator.secret_access_key)
+            self._set_env(
+                {
+                    "AWS_ACCESS_KEY_ID": operator.access_key_id,
+                    "AWS_SECRET_ACCESS_KEY": operator.secret_access_key,
+                }
+            )
+            service.reset()
         self._start_pollers()
         return self.resources
+
+    def training_env(self, job: str) -> dict[str, str]:
+        """Environment for a training process of ``job``: the training-job policy's identity."""
+        assert self.resources is not None
+        if self.authority is None:
+            return self.resources.client_env()
+        creds = self.authority.training_job(job)
+        return self.resources.client_env((creds.access_key_id, creds.secret_access_key))
+
+    def arn(self, ref: Ref) -> str:
+        """A wiring Ref → the ARN of this local cloud's resource."""
+        assert self.resources is not None
+        res = self.resources
+        arns = {
+            "bucket": f"arn:aws:s3:::{res.bucket}",
+            "table": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{res.table}",
+            "bus": f"arn:aws:events:{REGION}:{ACCOUNT}:event-bus/{res.bus}",
+            "default-bus": f"arn:aws:events:{REGION}:{ACCOUNT}:event-bus/default",
+            "alert-topic": res.topic_arn,
+            "topic-key": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/none-locally",
+            "sagemaker-training-job": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job",
+            **{
+                f"{qid}-dlq": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{url.rsplit('/', 1)[-1]}"
+                for qid, url in res.dlqs.items()
+            },
+        }
+        return arns[ref.resource] + ref.suffix
+
+    def _env_value(self, value: str) -> str:
+        assert self.resources is not None
+        res = self.resources
+        values = {
+            "table:name": res.table,
+            "bus:name": res.bus,
+            "bucket:name": res.bucket,
+            "alert-topic:arn": res.topic_arn,
+            **{f"{qid}-dlq:url": url for qid, url in res.dlqs.items()},
+        }
+        return values[value]
 
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self.authority is not None:
+            self.authority.stop()
         if self.server is not None:
             self.server.stop()
         for key, value in self._saved_env.items():
@@ -217,6 +281,7 @@ class LocalCloud:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        clients.use_endpoint(None)
         service.reset()
 
     def __enter__(self) -> LocalCloud:
@@ -309,6 +374,12 @@ class LocalCloud:
             Endpoint=DEMO_PHONE,
             Attributes={"FilterPolicy": json.dumps({"actions": ["SMS"]})},
         )
+        self.resources = res
+        level = os.environ.get(Env.POWERTOOLS_LOG_LEVEL, "WARNING")
+        for fn in self.wiring.functions:
+            env = self.wiring.environment(fn.id, self._env_value, log_level=level, features=self.features)
+            env.pop(Env.POWERTOOLS_SERVICE_NAME)  # one process: each function's logger names it
+            res.function_env.update(env)
         return res
 
     @staticmethod
@@ -345,7 +416,13 @@ class LocalCloud:
                 self._spawn(self._poll_bus_target, target, url, handlers[target])
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=fn, args=args, daemon=True, name=f"tg-local-{args[0]}")
+        operator = self.authority.credentials(LocalAuthority.OPERATOR) if self.authority else None
+
+        def run() -> None:
+            with clients.acting_as(operator):  # the runtime's own calls, whatever the environment
+                fn(*args)
+
+        thread = threading.Thread(target=run, daemon=True, name=f"tg-local-{args[0]}")
         thread.start()
         self._threads.append(thread)
 
@@ -367,7 +444,12 @@ class LocalCloud:
         )
         started = time.perf_counter()
         self.invocations[fid] = self.invocations.get(fid, 0) + 1
-        result = handler(event, context)
+        credentials = self.authority.credentials(fid) if self.authority is not None else None
+        if spec is not None:
+            with clients.acting_as(credentials), logs.running(fid):
+                result = handler(event, context)
+        else:  # a user's own action: their code, their role (here: the operator)
+            result = handler(event, context)
         for callback in self.on_invoke:
             callback(fid, event, result, time.perf_counter() - started)
         return result

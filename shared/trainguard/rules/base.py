@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from trainguard.format.documents import Mode, ScalarRecord, StepHeader, TensorRecord, TensorStats
+from trainguard.format.system import SystemBatch
 from trainguard.rules.regex import Matcher, compile_bounded
 
 MODES: tuple[Mode, ...] = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
@@ -351,10 +352,17 @@ def compiled(regex: str) -> Matcher:
 
 C = TypeVar("C", bound=RuleConfig)
 S = TypeVar("S", bound=RuleState)
+#: what a rule is fed: ``StepData`` (model rules) or ``SystemBatch`` (system rules)
+D = TypeVar("D")
 
 
-class Rule(ABC, Generic[C, S]):
-    """Base class. Subclasses set ``name``, ``Config``, ``State`` and implement ``update``."""
+class BaseRule(ABC, Generic[C, S, D]):
+    """What every rule has, whatever it reads. Subclass ``Rule`` (model) or ``SystemRule``.
+
+    The engine drives every rule through these methods, declared here with no-op defaults so
+    it never probes for them: ``update`` per input, ``finish`` at the job's end, ``check`` on
+    the clock (``uses_clock``), ``coverage`` for the final status, ``reads`` for the hook.
+    """
 
     #: SageMaker's rule name (``rule_to_invoke``), PascalCase
     name: ClassVar[str]
@@ -363,8 +371,17 @@ class Rule(ABC, Generic[C, S]):
     #: one line for ``trainguard rules`` and the alert's "what to do"
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""
-    #: "model" rules read step objects; "profiler" rules read system samples; "clock" rules run on a schedule
+    #: "model" rules read step objects, "profiler" rules system batches; "clock" (model rules
+    #: also judged on a timer), "cross-job" (compared with another job), "report" (never fires)
     kind: ClassVar[str] = "model"
+    #: the engine's timer calls ``check`` for this rule
+    uses_clock: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a rule of kind "clock" (custom rules written before uses_clock) is on the timer
+        if cls.__dict__.get("kind") == "clock" and "uses_clock" not in cls.__dict__:
+            cls.uses_clock = True
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -408,12 +425,20 @@ class Rule(ABC, Generic[C, S]):
         return Coverage(checked, unit, verb, missing, skipped, reason)
 
     @abstractmethod
-    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
-        """Fold one step (all workers) into the state; a finding means the rule fired."""
+    def update(self, state: S, data: D) -> tuple[S, list[Finding]]:
+        """Fold one input (a step of all workers, or a system batch) into the state; a finding
+        means the rule fired."""
 
     def finish(self, state: S) -> list[Finding]:
-        """Called once when the job has ended and every step was evaluated."""
+        """Called once when the job has ended and every input was evaluated."""
         return []
+
+    def check(self, state: S, now: float, *, started: float | None = None) -> tuple[S, list[Finding]]:
+        """The timer's call (``uses_clock`` rules): judge at wall-clock ``now`` with no new data.
+
+        ``started`` is the job's start (its manifest's time). The default does nothing.
+        """
+        return state, []
 
     # helpers ---------------------------------------------------------------------------
     def finding(
@@ -433,6 +458,47 @@ class Rule(ABC, Generic[C, S]):
     @staticmethod
     def dump_state(state: RuleState) -> dict[str, Any]:
         return state.model_dump(mode="json")
+
+
+class Rule(BaseRule[C, S, StepData]):
+    """The model-rule base: ``update(state, step: StepData)``, per global step, in order.
+
+    Custom rules subclass this. A cross-job rule (``kind = "cross-job"``) also names the job it
+    compares with (``compares_with``) and implements ``compare``.
+    """
+
+    @abstractmethod
+    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
+        """Fold one step (all workers) into the state; a finding means the rule fired."""
+
+    def compares_with(self) -> str | None:
+        """The other job whose same step ``compare`` needs (None: not a cross-job rule)."""
+        return None
+
+    def compare(self, state: S, step: StepData, other: StepData) -> tuple[S, list[Finding]]:
+        """Judge this job's step against the other job's same step. The default does nothing."""
+        return state, []
+
+
+#: the model-rule base by its descriptive name (``Rule`` is kept for custom rules)
+ModelRule = Rule
+
+
+class SystemRule(BaseRule[C, S, SystemBatch]):
+    """The system-rule base (profiler rules): ``update(state, batch: SystemBatch)``, per worker.
+
+    See ``trainguard.rules.profiler.base.ProfilerRule`` for the profiler rules' shared helpers.
+    """
+
+    kind: ClassVar[str] = "profiler"
+
+    @abstractmethod
+    def update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:
+        """Fold one system batch (one worker's samples and step timings) into the state."""
+
+
+#: any rule, model or system
+AnyRule = BaseRule[Any, Any, Any]
 
 
 def fmt(value: float | None) -> str:

@@ -25,8 +25,7 @@ from trainguard.rules.base import (
 #: SageMaker's thresholds, used when one of them is given (the absolute test)
 SAGEMAKER_MIN_DIAG = 0.9
 SAGEMAKER_MAX_OFF_DIAG = 0.1
-#: trainguard's warm-up: training steps before the first judgement
-DEFAULT_START_STEP = 100
+#: trainguard's warm-up (``start_step`` None): the first validation pass is not judged
 #: classes whose pairs the state keeps for one evaluation (a k x k matrix)
 MAX_CATEGORIES = 32
 
@@ -42,7 +41,7 @@ class ConfusionConfig(RuleConfig):
     max_off_diag: Probability | None = None
     #: trainguard: the mode judged (None: every step of every mode, as SageMaker)
     mode: Mode | None = "EVAL"
-    #: trainguard: training steps before the first judgement (None: ``DEFAULT_START_STEP``)
+    #: trainguard: training steps before the first judgement (None: skip the first pass)
     start_step: int | None = Field(default=None, ge=0)
 
     @property
@@ -58,7 +57,7 @@ class ConfusionConfig(RuleConfig):
 
     @property
     def warmup(self) -> int:
-        return self.start_step if self.start_step is not None else DEFAULT_START_STEP
+        return self.start_step if self.start_step is not None else 0
 
 
 class ConfusionState(RuleState):
@@ -66,11 +65,15 @@ class ConfusionState(RuleState):
     #: the evaluation being collected: "label,prediction" -> count, and its last step
     pairs: dict[str, int] = Field(default_factory=dict, max_length=MAX_CATEGORIES * MAX_CATEGORIES)
     pairs_at: int = 0
+    #: the training step the pass being collected follows
+    pairs_t: int | None = None
     #: pairs dropped because a class was outside the first MAX_CATEGORIES seen
     dropped: int = 0
     steps_judged: int = 0
     #: steps where a labels and a predictions tensor were both found (values or not)
     pairs_seen: int = 0
+    #: validation passes ended (the first is the warm-up when ``start_step`` is None)
+    passes: int = 0
 
 
 def _named(view: TensorView, name: str, collection: str) -> bool:
@@ -106,7 +109,8 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
       is defined for every category with labels, also one the model never predicts.
 
     Data (trainguard's defaults): ``mode`` EVAL, one matrix per validation pass (its EVAL steps
-    together), from training step ``start_step`` (100) on. ``mode`` None judges each step of
+    together); the first pass is a warm-up and not judged (``start_step``, training steps, sets
+    an explicit warm-up instead). ``mode`` None judges each step of
     every mode on its own pairs, as SageMaker. Labels or predictions outside
     ``0..category_no-1`` are ignored; at most 32 categories.
     """
@@ -154,7 +158,7 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
         t = state.clock.tick(step)
         modes: list[Mode] = step.modes() if cfg.mode is None else [m for m in step.modes() if m == cfg.mode]
         findings: list[Finding] = []
-        if cfg.mode is not None and state.pairs and cfg.mode not in step.modes():
+        if cfg.mode is not None and state.pairs and (cfg.mode not in step.modes() or t != state.pairs_t):
             findings = self._judge_evaluation(state)  # the validation pass ended
         warm = t >= cfg.warmup
         for header in step.workers:
@@ -183,6 +187,7 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
                         return state, [finding]
                 else:
                     self._collect(state, labels, preds, step.step)
+                    state.pairs_t = t
         return state, findings[:1]
 
     def finish(self, state: ConfusionState) -> list[Finding]:
@@ -207,6 +212,9 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
             a, b = key.split(",")
             pairs[(int(a), int(b))] += n
         state.pairs = {}
+        state.passes += 1
+        if self.config.start_step is None and state.passes == 1:
+            return []  # the warm-up: the model's first validation pass is not judged
         finding = self._judge(state, pairs, state.pairs_at, f"({self.config.mode} pass)")
         return [finding] if finding else []
 

@@ -61,6 +61,9 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
         "non-deterministic kernels (torch.use_deterministic_algorithms) and hyperparameters."
     )
 
+    def compares_with(self) -> str:
+        return self.config.other_job
+
     def reads(self) -> tuple[RuleInput, ...]:
         cfg = self.config
         return (tensor_input(cfg.collection_names, cfg.tensor_regex, FINGERPRINT),)

@@ -1,4 +1,4 @@
-"""The evaluate function's logic: SQS records of S3 notifications → EvaluateService.
+"""The evaluate function's logic: SQS records of S3 notifications → the job pipeline.
 
 Transient failures (throttling, conflicts past the retry budget, AWS errors) raise, so the
 record is reported as a batch item failure and SQS redelivers it (then its DLQ after
@@ -14,26 +14,28 @@ import logging
 from functools import lru_cache
 from urllib.parse import unquote_plus
 
-from trainguard.engine.service import EvaluateService, PermanentError, Publisher
 from trainguard.engine.sources import ObjectError
-from trainguard.engine.store import StateStore
 from trainguard.service import metrics
 from trainguard.service.clients import client
+from trainguard.service.pipeline import JobPipeline, PermanentError
+from trainguard.service.publisher import Publisher
 from trainguard.service.settings import Settings
+from trainguard.service.state_store import StateStore
 
 logger = logging.getLogger("trainguard.evaluate")
 MAX_BODY_BYTES = 256 * 1024  # the SQS maximum
 
 
 @lru_cache(maxsize=1)
-def service() -> EvaluateService:
+def service() -> JobPipeline:
+    """The process's pipeline (a warm Lambda keeps it, with its header cache)."""
     settings = Settings.from_env()
-    return EvaluateService(
+    return JobPipeline(
         StateStore(settings.table_name, client("dynamodb")),
         client("s3"),
         Publisher(client("events"), settings.bus_name),
-        ingest_prefix=settings.ingest_prefix,
         bucket=settings.bucket_name,
+        ingest_prefix=settings.ingest_prefix,
         on_commit=lambda job, outcome, transitions: metrics.publish(job, outcome.scalars, transitions),
     )
 

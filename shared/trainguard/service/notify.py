@@ -17,8 +17,10 @@ from trainguard.engine.events import RuleStatusDetail
 from trainguard.service.alerts import render
 from trainguard.service.clients import client
 from trainguard.service.settings import Settings
+from trainguard.wiring import TABLE, idempotency_partition
 
 ALERT_CHANNELS = ("Email", "SMS")
+FUNCTION_ID = "notify"
 
 
 def publish(detail: RuleStatusDetail) -> dict[str, Any]:
@@ -49,9 +51,11 @@ def _once() -> tuple[Callable[..., dict[str, Any]], Any]:
     settings = Settings.from_env()
     store = DynamoDBPersistenceLayer(
         table_name=settings.table_name,
-        key_attr="pk",
-        sort_key_attr="sk",
-        expiry_attr="expires_at",
+        key_attr=TABLE.partition_key,
+        sort_key_attr=TABLE.sort_key,
+        expiry_attr=TABLE.ttl_attribute,
+        # the one partition the notify role may touch (dynamodb:LeadingKeys in trainguard.wiring)
+        static_pk_value=idempotency_partition(FUNCTION_ID),
         boto3_client=client("dynamodb"),
     )
     config = IdempotencyConfig(event_key_jmespath="EventId", expires_after_seconds=7 * 24 * 3600)

@@ -1,11 +1,24 @@
-"""The evaluate pipeline for one S3 object: read → buffer → advance → commit → publish.
+"""The job pipeline of the evaluate function: ingest → buffer → advance → commit → publish.
+
+1. **ingest**: one S3 object of a job (a segment, a step object, a manifest, an end marker, a
+   system batch) is read with bounded ranged GETs and checked against its key;
+2. **buffer**: a segment or step object is buffered in the state table as a *pointer* (key,
+   size, header length, chain links: ~100 bytes whatever the model size) and its decoded
+   header kept in this process's cache;
+3. **advance**: the job's state and everything buffered are read in one Query, and the pure
+   evaluator (``trainguard.engine.evaluator.advance``) evaluates every complete step in order,
+   re-reading a header only when the cache does not hold it;
+4. **commit**: the new state is written if its version is still the one read, with the events
+   of its status changes in the same transaction (the outbox);
+5. **publish**: the events go to EventBridge, then the outbox entries and the consumed
+   buffer items are deleted.
 
 Correctness under at-least-once, unordered, concurrent delivery rests on three things:
-1. every step arrival is *put* before the job is read, so whoever reads last sees it;
-2. the job state is written only if its version is still the one read (a loser re-reads);
-3. events are written to an outbox in the same transaction as the status change, and
-   published (then deleted) afterwards; an unpublished outbox entry is retried by the next
-   invocation for that job. Event ids are deterministic, so consumers drop the rare repeat.
+every arrival is *put* before the job is read, so whoever reads last sees it; the state is
+written only if its version is still the one read (a loser re-reads); events are written
+to the outbox with the status change and published afterwards (an unpublished entry is
+retried by the next invocation for that job). Event ids are deterministic, so consumers
+drop the rare repeat.
 """
 
 from __future__ import annotations
@@ -28,20 +41,30 @@ from trainguard.engine.evaluator import (
     record_invalid,
     request_stop,
 )
-from trainguard.engine.model import JobState, StepArrival, Transition
+from trainguard.engine.model import JobState, SegmentArrival, StepArrival, Transition
 from trainguard.engine.sources import (
     ObjectError,
     OtherJobs,
-    S3Job,
-    read_document,
+    bad_segment,
+    bad_step,
+    header_probe_bytes,
     read_end,
-    read_head,
     read_manifest,
+    segment_arrival,
     step_arrival,
     system_arrival,
 )
-from trainguard.engine.store import HeaderTooLarge, Loaded, StateStore, VersionConflict
-from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, ObjectRef, parse_key
+from trainguard.format.layout import INGEST_PREFIX, LayoutError, ObjectKind, ObjectRef, job_prefix, parse_key
+from trainguard.service.publisher import Publisher
+from trainguard.service.s3_objects import (
+    HeaderCache,
+    ObjectMissing,
+    S3Headers,
+    S3Job,
+    read_document,
+    read_head,
+)
+from trainguard.service.state_store import Loaded, StateStore, VersionConflict
 
 logger = logging.getLogger(__name__)
 
@@ -61,36 +84,6 @@ class PermanentError(Exception):
     """Retrying cannot help (bad key, bad object): the message goes to the DLQ with this reason."""
 
 
-class Publisher:
-    """EventBridge adapter: PutEvents in chunks of 10, failing loudly on any failed entry."""
-
-    def __init__(self, client: Any, bus_name: str) -> None:
-        self.client = client
-        self.bus_name = bus_name
-        self.requests = 0
-
-    def publish(self, details: list[str]) -> None:
-        from trainguard.engine.events import EVENT_SOURCE, detail_type
-
-        for start in range(0, len(details), 10):
-            entries = [
-                {
-                    "Source": EVENT_SOURCE,
-                    "DetailType": detail_type(d),
-                    "Detail": d,
-                    "EventBusName": self.bus_name,
-                }
-                for d in details[start : start + 10]
-            ]
-            self.requests += 1
-            resp = self.client.put_events(Entries=entries)
-            if resp.get("FailedEntryCount", 0):
-                codes = {e.get("ErrorCode") for e in resp.get("Entries", []) if e.get("ErrorCode")}
-                raise RuntimeError(
-                    f"PutEvents failed for {resp['FailedEntryCount']} entries: {sorted(codes)}"
-                )
-
-
 @dataclass
 class Result:
     job: str
@@ -99,29 +92,50 @@ class Result:
     steps_evaluated: int = 0
 
 
-class EvaluateService:
+class JobPipeline:
+    """ingest → buffer → advance → commit → publish, against one bucket and one state table.
+
+    Parameters
+    ----------
+    store
+        The state table adapter.
+    s3
+        A boto3 S3 client.
+    publisher
+        The EventBridge adapter.
+    bucket
+        The stack's data bucket: a record naming any other bucket is refused, never judged.
+    ingest_prefix
+        Where job folders live in the bucket (``jobs/``).
+    clock
+        Seconds since the epoch (tests pass a fake).
+    on_commit
+        Called after each committed evaluation (metrics); its failure never fails the evaluation.
+    cache
+        Decoded headers kept by this process (shared by every job it evaluates).
+    """
+
     def __init__(
         self,
         store: StateStore,
         s3: Any,
         publisher: Publisher,
+        bucket: str,
         ingest_prefix: str = INGEST_PREFIX,
         clock: Callable[[], float] = time.time,
         on_commit: Callable[[str, Outcome, list[Transition]], None] | None = None,
-        bucket: str | None = None,
+        cache: HeaderCache | None = None,
     ) -> None:
         self.store = store
         self.s3 = s3
         self.publisher = publisher
+        self.bucket = bucket
         self.ingest_prefix = ingest_prefix
         self.clock = clock
-        #: called after each committed evaluation (metrics); never fails the evaluation
         self.on_commit = on_commit
+        self.cache = cache if cache is not None else HeaderCache()
         #: other jobs in the same bucket, for cross-job rules (SimilarAcrossRuns)
-        self.other_steps = (
-            OtherJobs(lambda job: S3Job(bucket, f"{ingest_prefix}{job}", s3, job=job)) if bucket else None
-        )
-        self.s3_requests = 0
+        self.other_steps = OtherJobs(lambda job: S3Job(bucket, f"{ingest_prefix}{job}", s3, job=job))
 
     # entry points -----------------------------------------------------------------------
     def handle_object(self, bucket: str, key: str) -> Result:
@@ -135,81 +149,91 @@ class EvaluateService:
         """Record one object; return the job to advance (None: nothing to evaluate).
 
         A batch ingests all its objects first and then advances each job once, so ten
-        step objects of one job cost one read-modify-write of its state, not ten.
+        segments of one job cost one read-modify-write of its state, not ten.
         """
+        if bucket != self.bucket:
+            raise PermanentError(
+                f"the record names bucket {bucket[:80]!r}; this stack evaluates only {self.bucket!r}"
+            )
         try:
             ref = parse_key(key, self.ingest_prefix)
         except LayoutError as exc:
             raise PermanentError(str(exc)) from None
-        if ref.kind is ObjectKind.STEP:
-            self._on_step(bucket, key, ref)
+        if ref.kind in (ObjectKind.SEGMENT, ObjectKind.STEP):
+            self._buffer(key, ref)
             return ref.job
         if ref.kind is ObjectKind.SYSTEM:
-            arrival = system_arrival(ref, self._document(bucket, key))
+            arrival = system_arrival(ref, self._document(key))
             self.store.put_system(ref.job, arrival)
             if arrival.bad is not None:
                 raise PermanentError(arrival.bad)
             return ref.job
         if ref.kind is ObjectKind.MANIFEST:
-            manifest = read_manifest(self._document(bucket, key))
+            manifest = read_manifest(self._document(key))
             if manifest.job != ref.job:
                 raise PermanentError(f"manifest names job {manifest.job!r} but lies under {ref.job!r}")
-            self._update(ref, lambda s: apply_manifest(s, manifest, self.clock()))
+            self._update(ref.job, lambda s: apply_manifest(s, manifest, self.clock()))
             return None
         if ref.kind is ObjectKind.END:
-            marker = read_end(self._document(bucket, key))
+            marker = read_end(self._document(key))
             if (marker.job, marker.worker) != (ref.job, ref.worker):
                 raise PermanentError(
                     f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}"
                 )
-            self._update(ref, lambda s: apply_end(s, marker))
+            self._update(ref.job, lambda s: apply_end(s, marker))
             return None
         return None  # stop signals and reports are the service's own objects
 
     def advance_job(self, job: str) -> Result:
-        return self._update(ObjectRef(job, ObjectKind.STEP), lambda s: Outcome(s))
+        return self._update(job, _unchanged)
 
     def tick(self) -> list[Result]:
         """The schedule's tick: clock-driven rules of every active job look at the time."""
-        return [
-            self._update(ObjectRef(job, ObjectKind.STEP), lambda s: apply_clock(s, self.clock()))
-            for job in self.store.active_jobs()
-        ]
+        return [self._update(job, lambda s: apply_clock(s, self.clock())) for job in self.store.active_jobs()]
 
     def request_stop(self, job: str) -> Result:
-        ref = ObjectRef(job, ObjectKind.STOP)
-        return self._update(ref, lambda s: request_stop(s, self.clock()))
+        return self._update(job, lambda s: request_stop(s, self.clock()), kind="stop")
 
     # internals --------------------------------------------------------------------------
-    def _document(self, bucket: str, key: str) -> bytes:
-        self.s3_requests += 1
+    def _document(self, key: str) -> bytes:
         try:
-            return read_document(self.s3, bucket, key)
+            return read_document(self.s3, self.bucket, key)
         except ObjectError as exc:
             raise PermanentError(str(exc)) from None
-        except self.s3.exceptions.NoSuchKey:
-            raise PermanentError(f"{key} no longer exists") from None
+        except ObjectMissing:
+            raise PermanentError(f"{key} no longer exists (NoSuchKey)") from None
 
-    def _on_step(self, bucket: str, key: str, ref: ObjectRef) -> None:
-        self.s3_requests += 1
+    def _buffer(self, key: str, ref: ObjectRef) -> None:
+        """Read a segment's or step object's header, cache it, buffer its pointer.
+
+        A missing (NoSuchKey) or unreadable object is buffered as a bad arrival: its key gives
+        its place in the worker's chain, so the job moves on without it; the reason is
+        recorded in the job's state and the message goes to the DLQ with it.
+        """
+        arrival: StepArrival | SegmentArrival
         try:
-            head, size = read_head(self.s3, bucket, key)
-        except self.s3.exceptions.NoSuchKey:
-            raise PermanentError(f"{key} no longer exists") from None
-        arrival = step_arrival(ref, head, size)
-        try:
-            self.store.put_arrival(ref.job, arrival)
-        except HeaderTooLarge as exc:
-            # keep the worker's chain moving; the reason is recorded and dead-lettered
-            assert ref.step is not None and ref.worker is not None
-            arrival = StepArrival(ref.step, ref.worker, None, None, bad=str(exc))
-            self.store.put_arrival(ref.job, arrival)
+            head, size = read_head(self.s3, self.bucket, key, header_probe_bytes(ref))
+        except ObjectMissing:
+            reason = "no longer exists (NoSuchKey) when it was read"
+            arrival = bad_segment(ref, reason) if ref.kind is ObjectKind.SEGMENT else bad_step(ref, reason)
+        else:
+            arrival = (
+                segment_arrival(ref, head, size)
+                if ref.kind is ObjectKind.SEGMENT
+                else step_arrival(ref, head, size)
+            )
+        if arrival.header is not None:
+            self.cache.put(self.bucket, key, arrival.size, arrival.header, arrival.header_end)
+        self.store.put_arrival(ref.job, arrival)
         if arrival.bad is not None:
             reason = arrival.bad
-            self._update(ref, lambda s: record_invalid(s, reason))
+            self._update(ref.job, lambda s: record_invalid(s, reason))
             raise PermanentError(reason)
 
-    def _update(self, ref: ObjectRef, mutate: Callable[[JobState], Outcome]) -> Result:
+    def _headers(self, job: str) -> S3Headers:
+        return S3Headers(self.s3, self.bucket, job_prefix(job, self.ingest_prefix), job, self.cache)
+
+    def _update(self, job: str, mutate: Callable[[JobState], Outcome], kind: str = "job") -> Result:
         """Read-modify-write of the job until nothing is left to do; then clean up and publish.
 
         After a commit the job is read once more: an arrival put while we evaluated may have
@@ -217,14 +241,20 @@ class EvaluateService:
         and did nothing). Its put happened before our commit, so our next read sees it —
         no wake-up is lost, whatever the interleaving.
         """
-        result = Result(ref.job, ref.kind.value)
+        result = Result(job, kind)
         conflicts = 0
+        headers = self._headers(job)
         for _ in range(MAX_ROUNDS):
-            loaded = self.store.load(ref.job)
+            loaded = self.store.load(job)
             now = self.clock()
             first = mutate(loaded.state)
             second = advance(
-                first.state, loaded.arrivals, now, system=loaded.system, other_steps=self.other_steps
+                first.state,
+                loaded.arrivals,
+                now,
+                system=loaded.system,
+                other_steps=self.other_steps,
+                headers=headers,
             )
             transitions = first.transitions + second.transitions
             if not (first.changed or second.changed):
@@ -246,19 +276,21 @@ class EvaluateService:
                 continue
             if self.on_commit is not None:
                 try:
-                    self.on_commit(ref.job, second, transitions)
+                    self.on_commit(job, second, transitions)
                 except Exception:  # metrics are best effort: the verdicts are already committed
-                    logger.exception("on_commit hook failed for job %s", ref.job)
+                    logger.exception("on_commit hook failed for job %s", job)
             result.transitions += len(transitions)
             result.steps_evaluated += second.state.steps_evaluated - loaded.state.steps_evaluated
             self._after(loaded, second, events)
             mutate = _unchanged  # the change is applied; now only look for more work
-        raise VersionConflict(f"job {ref.job}: conflicting writers or too much work; SQS will redeliver")
+        raise VersionConflict(f"job {job}: conflicting writers or too much work; SQS will redeliver")
 
     def _after(self, loaded: Loaded, outcome: Outcome, new_events: dict[str, str]) -> None:
         job = loaded.state.job
         if outcome.consumed:
             self.store.delete_steps(job, outcome.consumed)
+        if outcome.consumed_segments:
+            self.store.delete_segments(job, outcome.consumed_segments)
         if outcome.consumed_system:
             self.store.delete_system(job, outcome.consumed_system)
         cutoff = self.clock() - OUTBOX_ORPHAN_AFTER_S

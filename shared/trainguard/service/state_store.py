@@ -3,13 +3,22 @@
 Items in partition ``JOB#<job>``:
 
 - ``STATE``: ``version`` (N), ``doc`` (B: zlib JSON of ``JobState``), ``job``, ``updated``,
-  ``training_status`` — rewritten only with ``version = <the version read>``.
-- ``STEP#<step:012d>#<worker:05d>``: a buffered step header (``hdr``, zlib JSON) and its
-  ``prev`` step, or ``bad`` (the reason it could not be read). Deleted once evaluated.
+  ``training_status``, ``active`` (sparse index of running jobs) — rewritten only with
+  ``version = <the version read>``.
+- ``SEG#<first_step:012d>#<worker:05d>#<seq:012d>``: a buffered format-2 segment, as a
+  pointer: ``last`` (its last step), ``prev`` (the worker's previous step, from its header),
+  ``size`` (object bytes) and ``hdr`` (8 + its JSON header's length: the header is read
+  again with one ranged GET of exactly that many bytes), or ``bad`` (why it could not be
+  read). Deleted once every step of it was evaluated; a segment consumed only partly
+  (another worker lags) stays. About 100 bytes whatever the model's size.
+- ``STEP#<step:012d>#<worker:05d>``: a buffered format-1 step object, the same pointer
+  (``prev``, ``size``, ``hdr`` or ``bad``).
+- ``SYS#<worker:05d>#<seq:012d>``: a buffered system-monitor batch (``batch``: zlib JSON).
 - ``OUTBOX#<event id>``: an event whose status change was committed but not yet
   published; written in the same transaction as ``STATE``, deleted after PutEvents.
 
-One consistent Query of the partition reads everything an evaluation needs.
+Buffered items sort by step, so a bounded read holds the lowest pending steps of every
+worker. One consistent Query of the partition reads everything an evaluation needs.
 """
 
 from __future__ import annotations
@@ -20,20 +29,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.engine.model import JobState, StepArrival, SystemArrival
+from trainguard.engine.model import JobState, SegmentArrival, StepArrival, SystemArrival
 from trainguard.format.documents import StepHeader
+from trainguard.format.layout import step_key
 from trainguard.format.system import SystemBatch
 
 STATE_SK = "STATE"
 STEP_PREFIX = "STEP#"
+SEGMENT_PREFIX = "SEG#"
 SYSTEM_PREFIX = "SYS#"
 OUTBOX_PREFIX = "OUTBOX#"
 ACTIVE = "1"
 ACTIVE_INDEX = "active-jobs"  # declared in trainguard.wiring.TABLE
-#: a buffered header above this is refused (DynamoDB items stop at 400 KB)
+#: a buffered system batch above this is refused (DynamoDB items stop at 400 KB)
 MAX_BUFFERED_HEADER_BYTES = 300 * 1024
 #: at most this many items read per evaluation (bounded work per invocation)
 MAX_ITEMS_PER_LOAD = 5_000
+#: a ``bad`` reason stored with a pointer
+MAX_REASON_CHARS = 1000
 
 
 class VersionConflict(Exception):
@@ -41,14 +54,14 @@ class VersionConflict(Exception):
 
 
 class HeaderTooLarge(ValueError):
-    pass
+    """A system batch too large to buffer in one DynamoDB item."""
 
 
 @dataclass
 class Loaded:
     state: JobState
     version: int
-    arrivals: list[StepArrival] = field(default_factory=list)
+    arrivals: list[StepArrival | SegmentArrival] = field(default_factory=list)
     system: list[SystemArrival] = field(default_factory=list)
     #: event id -> (detail JSON, time the status change was committed)
     outbox: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -62,6 +75,10 @@ def pk(job: str) -> str:
 
 def step_sk(step: int, worker: int) -> str:
     return f"{STEP_PREFIX}{step:012d}#{worker:05d}"
+
+
+def segment_sk(first_step: int, worker: int, seq: int) -> str:
+    return f"{SEGMENT_PREFIX}{first_step:012d}#{worker:05d}#{seq:012d}"
 
 
 def system_sk(worker: int, seq: int) -> str:
@@ -84,23 +101,11 @@ class StateStore:
         self.client = client
         self.requests = 0  # DynamoDB requests made (for the pipeline benchmark)
 
-    # arrivals -------------------------------------------------------------------------
-    def put_arrival(self, job: str, arrival: StepArrival) -> None:
-        item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": step_sk(arrival.step, arrival.worker)}}
-        if arrival.prev_step is not None:
-            item["prev"] = {"N": str(arrival.prev_step)}
-        if arrival.header is not None:
-            blob = zlib.compress(arrival.header.model_dump_json().encode(), 6)
-            if len(blob) > MAX_BUFFERED_HEADER_BYTES:
-                raise HeaderTooLarge(
-                    f"step {arrival.step} worker {arrival.worker}: header compresses to {len(blob)} bytes; "
-                    f"the state buffer takes at most {MAX_BUFFERED_HEADER_BYTES}"
-                )
-            item["hdr"] = {"B": blob}
-        if arrival.bad is not None:
-            item["bad"] = {"S": arrival.bad[:1000]}
+    # arrivals ---------------------------------------------------------------------------
+    def put_arrival(self, job: str, arrival: StepArrival | SegmentArrival) -> None:
+        """Buffer a pointer to an object that arrived (never its header: any model size fits)."""
         self.requests += 1
-        self.client.put_item(TableName=self.table, Item=item)
+        self.client.put_item(TableName=self.table, Item=arrival_item(job, arrival))
 
     def put_system(self, job: str, arrival: SystemArrival) -> None:
         item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": system_sk(arrival.worker, arrival.seq)}}
@@ -120,7 +125,7 @@ class StateStore:
     def load(self, job: str) -> Loaded:
         state = JobState(job=job)
         version = 0
-        arrivals: list[StepArrival] = []
+        arrivals: list[StepArrival | SegmentArrival] = []
         system: list[SystemArrival] = []
         outbox: dict[str, tuple[str, float]] = {}
         kwargs: dict[str, Any] = {
@@ -131,6 +136,7 @@ class StateStore:
         }
         count = 0
         truncated = False
+        seen_state = False
         while True:
             self.requests += 1
             page = self.client.query(**kwargs)
@@ -140,6 +146,9 @@ class StateStore:
                 if sk == STATE_SK:
                     version = int(item["version"]["N"])
                     state = JobState.model_validate(_unpack(item["doc"]["B"]))
+                    seen_state = True
+                elif sk.startswith(SEGMENT_PREFIX):
+                    arrivals.append(_segment_arrival(sk, item))
                 elif sk.startswith(STEP_PREFIX):
                     arrivals.append(_arrival(sk, item))
                 elif sk.startswith(SYSTEM_PREFIX):
@@ -153,6 +162,11 @@ class StateStore:
                 truncated = True
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        if truncated and not seen_state:
+            # the bounded read stopped before the STATE item (many buffered segments sort first)
+            loaded = self.load_state(job)
+            if loaded is not None:
+                state, version = loaded
         return Loaded(state, version, arrivals, system, outbox, truncated)
 
     def load_state(self, job: str) -> tuple[JobState, int] | None:
@@ -221,6 +235,9 @@ class StateStore:
     def delete_steps(self, job: str, keys: Iterable[tuple[int, int]]) -> None:
         self._delete(job, [step_sk(s, w) for s, w in keys])
 
+    def delete_segments(self, job: str, segments: Iterable[SegmentArrival]) -> None:
+        self._delete(job, [segment_sk(a.first_step, a.worker, a.seq) for a in segments])
+
     def delete_system(self, job: str, keys: Iterable[tuple[int, int]]) -> None:
         self._delete(job, [system_sk(w, s) for w, s in keys])
 
@@ -277,16 +294,58 @@ class StateStore:
         return jobs
 
 
-def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
-    _, step, worker = sk.split("#")
-    header = None
-    if "hdr" in item:
-        header = StepHeader.model_validate_json(
-            zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
-        )
+def arrival_item(job: str, arrival: StepArrival | SegmentArrival) -> dict[str, Any]:
+    """The pointer item of a buffered step object or segment."""
+    if isinstance(arrival, SegmentArrival):
+        sk = segment_sk(arrival.first_step, arrival.worker, arrival.seq)
+        item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": sk}, "last": {"N": str(arrival.last_step)}}
+    else:
+        item = {"pk": {"S": pk(job)}, "sk": {"S": step_sk(arrival.step, arrival.worker)}}
+    if arrival.prev_step is not None:
+        item["prev"] = {"N": str(arrival.prev_step)}
+    if arrival.bad is not None:
+        item["bad"] = {"S": arrival.bad[:MAX_REASON_CHARS]}
+    else:
+        item["size"] = {"N": str(arrival.size)}
+        item["hdr"] = {"N": str(arrival.header_end)}
+    return item
+
+
+def _pointer(item: dict[str, Any]) -> tuple[int | None, str | None, int, int]:
     prev = int(item["prev"]["N"]) if "prev" in item else None
     bad = item["bad"]["S"] if "bad" in item else None
-    return StepArrival(int(step), int(worker), prev, header, bad)
+    size = int(item["size"]["N"]) if "size" in item else 0
+    header_end = int(item["hdr"]["N"]) if "N" in item.get("hdr", {}) else 0
+    if bad is None and header_end <= 8:
+        bad = "buffered without a header length: its header cannot be read again"
+    return prev, bad, size, header_end
+
+
+def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
+    _, step, worker = sk.split("#")
+    if "B" in item.get("hdr", {}):
+        # buffered by an earlier trainguard: the header itself (zlib JSON), not a pointer
+        prev = int(item["prev"]["N"]) if "prev" in item else None
+        try:
+            raw = zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
+            header = StepHeader.model_validate_json(raw)
+        except (zlib.error, ValueError) as exc:
+            reason = f"{step_key(int(step), int(worker))}: buffered header unreadable: {exc}"[
+                :MAX_REASON_CHARS
+            ]
+            return StepArrival(int(step), int(worker), prev, None, reason)
+        return StepArrival(int(step), int(worker), prev, header)
+    prev, bad, size, header_end = _pointer(item)
+    return StepArrival(int(step), int(worker), prev, None, bad, size=size, header_end=header_end)
+
+
+def _segment_arrival(sk: str, item: dict[str, Any]) -> SegmentArrival:
+    _, first, worker, seq = sk.split("#")
+    prev, bad, size, header_end = _pointer(item)
+    last = int(item["last"]["N"])
+    return SegmentArrival(
+        int(worker), int(seq), int(first), last, prev, None, bad, size=size, header_end=header_end
+    )
 
 
 def _system_arrival(sk: str, item: dict[str, Any]) -> SystemArrival:
