@@ -5,7 +5,7 @@ python -m bench.accuracy generate --split dev --phase clean --workers 2
 python -m bench.accuracy generate --split dev --phase faults
 python -m bench.accuracy label                # rewrite every run's labels.json
 python -m bench.accuracy score                # replay stored runs with the rules, rewrite docs/accuracy.md
-python -m bench.accuracy tune                 # dev-split sweeps of rule parameters
+python -m bench.accuracy tune                 # dev split only: every candidate, the choice per rule
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--workers", type=int, default=1)
     sc.add_argument("--doc", type=Path, default=DOCS)
     sc.add_argument("--defaults-only", action="store_true", help="score only the default configurations")
+    tn = sub.add_parser("tune", help="score every candidate on the dev split; print the choice per rule")
+    tn.add_argument("--workers", type=int, default=1)
+    tn.add_argument("--out", type=Path, default=None, help="write the table here (default: stdout)")
     full = sub.add_parser("all", help="generate what is missing, then score (the default command)")
     full.add_argument("--workers", type=int, default=1)
     full.add_argument("--doc", type=Path, default=DOCS)
@@ -68,6 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         labelled = label_corpus(cache)
         print(f"labelled {len(labelled)} runs", file=sys.stderr)
         return 0
+    if args.command == "tune":
+        from bench.accuracy.evaluate import evaluate
+        from bench.accuracy.report import render_dev_choices
+
+        ev = evaluate(cache, workers=args.workers, dev_only=True)
+        text = render_dev_choices(ev)
+        if args.out is None:
+            print(text)
+        else:
+            args.out.write_text(text)
+        return 0
     if args.command in ("score", "all"):
         if args.command == "all":
             from bench.accuracy import generate
@@ -81,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ev = evaluate(cache, workers=args.workers, only_defaults=getattr(args, "defaults_only", False))
         text = render(ev, {"cache": str(cache)})
         args.doc.write_text(text)
-        print(f"wrote {args.doc} ({len(ev.runs)} runs, scored in {ev.seconds:.0f} s)", file=sys.stderr)
+        print(f"wrote {args.doc} ({len(ev.runs)} runs)", file=sys.stderr)
         return 0
     parser.print_help()
     return 0

@@ -254,7 +254,9 @@ def trainguard_eval_every_step() -> SaveProfile:
     return SaveProfile(
         "trainguard-eval1",
         "trainguard's defaults with every collection saved at every EVAL step (evaluations are a few "
-        "batches; the rules that judge EVAL data need them)",
+        "batches; the rules that judge EVAL data need them); the recording simulates no weight-update "
+        "norms for a 1-step interval, so EVAL tensors carry no update_l2 here (the rules that read it "
+        "judge TRAIN updates)",
         configs,
     )
 
@@ -319,6 +321,8 @@ class EmulatedJob:
         self._objects: dict[int, bytes] = {}
         self._refs: list[ObjectRef] = [ObjectRef(self.job, ObjectKind.MANIFEST)]
         updates = run.updates()
+        #: EVAL/PREDICT tensors saved without update_l2 (an unsimulated interval)
+        self.unsimulated_updates = 0
         #: (mode, name) -> stats of cumulative tensors recorded since the profile last saved them
         self._pending: dict[tuple[str, str], list[dict[str, Any]]] = {}
         prev: int | None = None
@@ -370,9 +374,16 @@ class EmulatedJob:
             stats = t.get("stats")
             if stats is not None and stats.get("update_l2") is not None:
                 table = updates.get(str(interval))
-                if table is None:
+                if table is None and mode == "TRAIN":
                     raise EmulationError(f"no simulated update norms for interval {interval}")
-                value = table.get(f"{mode}:{m}", {}).get(name)
+                if table is None:
+                    # an EVAL/PREDICT schedule the recording did not simulate (every step):
+                    # the statistic is left absent, as the hook leaves one it cannot compute,
+                    # and counted
+                    self.unsimulated_updates += 1
+                    value = None
+                else:
+                    value = table.get(f"{mode}:{m}", {}).get(name)
                 t = {**t, "stats": {**stats, "update_l2": value}}
             tensors[name] = t
         if mode == "TRAIN" and m % self.record_interval:

@@ -20,7 +20,7 @@ from bench.accuracy.corpus import (
     trainguard_eval_every_step,
 )
 from bench.accuracy.score import Metrics, RuleConf, fingerprint, score, verdicts
-from bench.accuracy.tune import candidate_confs, choose
+from bench.accuracy.tune import candidate_confs, choose, sagemaker_conf
 
 
 def profiles() -> list[SaveProfile]:
@@ -46,6 +46,14 @@ class Evaluation:
     fingerprint: str
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: rule -> SageMaker's documented defaults given explicitly (None: none differ or none
+    #: can be run), and a note on the parameters left out
+    sagemaker: dict[str, tuple[RuleConf | None, str]] = field(default_factory=dict)
+    #: False after ``evaluate(dev_only=True)``: the test split was not scored
+    test_scored: bool = True
+
+    def sagemaker_of(self, rule: str) -> RuleConf | None:
+        return self.sagemaker.get(rule, (None, ""))[0]
 
     def items(
         self, profile: str, split: str, conf: RuleConf
@@ -118,17 +126,23 @@ def _raw(confs: Iterable[RuleConf]) -> list[dict[str, Any]]:
     return [{"label": c.label, "rule": c.rule, "params": [list(p) for p in c.params]} for c in confs]
 
 
-def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Evaluation:
-    """Pass 1: the dev split with every candidate (trainguard profile). Choose. Pass 2: the
-    test split with each rule's default and choice, and both splits under SageMaker's profile
-    with the defaults (and the choices)."""
+def evaluate(
+    cache: Path, workers: int = 1, only_defaults: bool = False, dev_only: bool = False
+) -> Evaluation:
+    """Pass 1: the dev split with every candidate (trainguard profile). Choose. Pass 2 (unless
+    ``dev_only``): the test split with each rule's default, SageMaker's defaults and the
+    choice, and both splits under the other save profiles with the same configurations."""
     started = time.perf_counter()
     labels = labelling.label_corpus(cache)
     runs = load_runs(cache)
     skipped: list[str] = []
     confs = candidate_confs(skipped)
+    sagemaker = {rule: sagemaker_conf(rule) for rule in confs}
     if only_defaults:
-        confs = {rule: cs[:1] for rule, cs in confs.items()}
+        confs = {
+            rule: [c for i, c in enumerate(cs) if i == 0 or c == sagemaker[rule][0]]
+            for rule, cs in confs.items()
+        }
     fp = fingerprint()
     scored = [
         r
@@ -139,12 +153,19 @@ def evaluate(cache: Path, workers: int = 1, only_defaults: bool = False) -> Eval
     out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {p.name: {} for p in profiles()}
     dev = [r for r in scored if r.spec.split == "dev"]
     _replay_all([(str(r.root), "trainguard", _raw(_confs_for(r, confs)), fp) for r in dev], workers, out)
-    ev = Evaluation(runs, labels, confs, out, fp, skipped)
+    ev = Evaluation(runs, labels, confs, out, fp, skipped, sagemaker=sagemaker)
+    if dev_only:
+        ev.test_scored = False
+        ev.seconds = time.perf_counter() - started
+        return ev
     chosen = {rule: ev.conf_by_label(ev.chosen(rule).label) for rule in confs}
-    final = {
-        rule: [cs[0], *([chosen[rule]] if chosen[rule].key != cs[0].key else [])]
-        for rule, cs in confs.items()
-    }
+    final: dict[str, list[RuleConf]] = {}
+    for rule, cs in confs.items():
+        keep = [cs[0]]
+        for extra in (ev.sagemaker_of(rule), chosen[rule]):
+            if extra is not None and extra.key not in {c.key for c in keep}:
+                keep.append(extra)
+        final[rule] = keep
     items = []
     for r in scored:
         mine = _raw(_confs_for(r, final))

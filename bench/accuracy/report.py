@@ -14,7 +14,7 @@ from bench.accuracy import labels as labelling
 from bench.accuracy import plan
 from bench.accuracy.evaluate import Evaluation, delay_budget, profiles
 from bench.accuracy.score import Metrics, RuleConf, wilson
-from bench.accuracy.tune import DEFAULT_STANDINS, SCORED_RULES
+from bench.accuracy.tune import ADOPTED, DEFAULT_STANDINS, MIN_EVIDENCE_RUNS, SCORED_RULES
 
 
 def _git(*args: str) -> str:
@@ -91,7 +91,6 @@ def _table(ev: Evaluation, profile: str, split: str, confs: list[RuleConf]) -> s
 
 def _corpus_table(ev: Evaluation) -> str:
     counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    cpu: dict[tuple[str, str], float] = defaultdict(float)
     for run in ev.runs:
         lab = ev.labels[run.run_id]
         key = (lab["split"], lab["family"])
@@ -101,23 +100,20 @@ def _corpus_table(ev: Evaluation) -> str:
             else {"harmful": "harmful", "unharmed": "near-miss"}.get(lab.get("harm", ""), "grey")
         )
         counts[key][kind] += 1
-        cpu[key] += float(run.meta.get("recorded", {}).get("cpu_s", 0.0))
     lines = [
-        "| split | family | clean | suboptimal (not scored) | faulty, harmful | faulty, near-miss (unharmed) | faulty, grey (not scored) | CPU s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| split | family | clean | suboptimal (not scored) | faulty, harmful | faulty, near-miss (unharmed) | faulty, grey (not scored) |",
+        "|---|---|---|---|---|---|---|",
     ]
     total: Counter[str] = Counter()
-    total_cpu = 0.0
     for (split, family), c in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dev", kv[0][1])):
         lines.append(
             f"| {split} | {family}{' (held out)' if family in plan.HELD_OUT_FAMILIES else ''} | {c['clean']} | "
-            f"{c['suboptimal']} | {c['harmful']} | {c['near-miss']} | {c['grey']} | {cpu[(split, family)]:.0f} |"
+            f"{c['suboptimal']} | {c['harmful']} | {c['near-miss']} | {c['grey']} |"
         )
         total += c
-        total_cpu += cpu[(split, family)]
     lines.append(
         f"| **all** | | **{total['clean']}** | {total['suboptimal']} | **{total['harmful']}** | **{total['near-miss']}** | "
-        f"{total['grey']} | {total_cpu:.0f} |"
+        f"{total['grey']} |"
     )
     return "\n".join(lines)
 
@@ -189,22 +185,100 @@ def _outcome(lab: dict[str, Any]) -> str:
     return f"{lost:+.0%} of the twin's loss reduction lost, accuracy {dacc:+.3f}"
 
 
+def _tuned_names(ev: Evaluation, rule: str) -> list[str]:
+    """The parameters any scored configuration of ``rule`` sets, in a stable order."""
+    names: list[str] = []
+    for conf in ev.confs[rule]:
+        for k, _ in conf.params:
+            if k not in names:
+                names.append(k)
+    sagemaker = ev.sagemaker_of(rule)
+    for k, _ in sagemaker.params if sagemaker is not None else ():
+        if k not in names:
+            names.append(k)
+    return names
+
+
+def _values(rule: str, names: list[str], conf: RuleConf | None = None) -> str:
+    """``name=value`` for each of ``names``: ``conf``'s value, else the rule module's default."""
+    from trainguard.rules.catalog import sagemaker_string
+    from trainguard.rules.registry import RULES
+
+    fields = RULES[rule].Config.model_fields
+    given = dict(conf.params) if conf is not None else {}
+    out = []
+    for name in names:
+        value = given.get(name, sagemaker_string(fields[name].default) if name in fields else "?")
+        out.append(f"`{name}={value}`")
+    return ", ".join(out) or "(no parameters)"
+
+
+def _sagemaker_values(ev: Evaluation, rule: str, names: list[str]) -> str:
+    from trainguard.rules.catalog import DEPARTURES, NOT_SAGEMAKER, TRAINGUARD_ONLY
+
+    if rule in TRAINGUARD_ONLY:
+        return "not a SageMaker rule"
+    departures = DEPARTURES.get(rule, {})
+    conf = ev.sagemaker_of(rule)
+    given = dict(conf.params) if conf is not None else {}
+    out = []
+    for name in names:
+        if name in given:
+            out.append(f"`{name}={given[name]}`")
+        elif name in departures:
+            value = departures[name][0]
+            out.append(f"`{name}`: {'not a SageMaker parameter' if value == NOT_SAGEMAKER else value}")
+        else:
+            out.append(f"`{name}`: same")
+    return ", ".join(out) or "same"
+
+
+def _why(ev: Evaluation, rule: str, budget: int) -> str:
+    from bench.accuracy.tune import MIN_EVIDENCE_RUNS, _rank, evidence
+
+    default = ev.confs[rule][0]
+    dm = ev.metrics("trainguard", "dev", default)
+    chosen = ev.chosen(rule)
+    if chosen.label != default.label:
+        gain = evidence(chosen, dm)
+        return (
+            f"{_params(ev.conf_by_label(chosen.label))}: on dev {chosen.tp - dm.tp:+d} true positives, "
+            f"{chosen.fp - dm.fp:+d} false alarms ({chosen.clean_alarms - dm.clean_alarms:+d} on clean runs), net {gain:+d} runs"
+        )
+    others = [ev.metrics("trainguard", "dev", c) for c in ev.confs[rule][1:]]
+    if not others:
+        return "keep the default (no candidate)"
+    best = min(others, key=lambda m: _rank(m, budget))
+    if _rank(best, budget) >= _rank(dm, budget):
+        return "keep the default: no candidate ranks better on dev"
+    return (
+        f"keep the default: the best-ranked candidate ({best.label.split('[', 1)[-1].rstrip(']')}) "
+        f"is better by {evidence(best, dm):+d} runs on dev (< {MIN_EVIDENCE_RUNS} needed)"
+    )
+
+
 def _defaults_table(ev: Evaluation) -> str:
     tg = delay_budget({p.name: p for p in profiles()}["trainguard"])
     lines = [
-        "| Rule | default (SageMaker's, or trainguard's own rule) | dev at default: P / R / FA per 100 | chosen on dev | dev: P / R / FA per 100 / delay | test: P / R / FA per 100 / delay | test targets |",
-        "|---|---|---|---|---|---|---|",
+        "| Rule | trainguard's default | SageMaker's default | dev: trainguard's / SageMaker's, P / R / FA per 100 / delay | dev choice, and why | test: trainguard's default | test: SageMaker's default | test: dev choice | test targets (dev choice) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for rule in SCORED_RULES:
         default = ev.confs[rule][0]
+        names = _tuned_names(ev, rule)
+        sagemaker = ev.sagemaker_of(rule)
         dm = ev.metrics("trainguard", "dev", default)
-        chosen = ev.chosen(rule)
-        conf = ev.conf_by_label(chosen.label)
-        tm = ev.metrics("trainguard", "test", conf)
-        same = conf.key == default.key
+        dsm = ev.metrics("trainguard", "dev", sagemaker) if sagemaker is not None else None
+        chosen = ev.conf_by_label(ev.chosen(rule).label)
+        tm = ev.metrics("trainguard", "test", default)
+        tsm = ev.metrics("trainguard", "test", sagemaker) if sagemaker is not None else None
+        tc = ev.metrics("trainguard", "test", chosen)
+        same_as_tg = "same as trainguard's" if sagemaker is None else _short(tsm, tg) if tsm else "—"
         lines.append(
-            f"| {rule} | {_params(default) or 'defaults'}{' (no default: a stand-in)' if rule in DEFAULT_STANDINS else ''} | "
-            f"{_short(dm)} | {'keep the default' if same else _params(conf)} | {_short(chosen, tg)} | {_short(tm, tg)} | {_met(tm, tg)} |"
+            f"| {rule} | {_values(rule, names)}{' (no default: a stand-in)' if rule in DEFAULT_STANDINS else ''} | "
+            f"{_sagemaker_values(ev, rule, names)} | {_short(dm, tg)} / {_short(dsm, tg) if dsm else '='} | "
+            f"{_why(ev, rule, tg)} | {_short(tm, tg)} | {same_as_tg} | "
+            f"{'(the default)' if chosen.key == default.key else _short(tc, tg)} | {_met(tc, tg)} |"
         )
     return "\n".join(lines)
 
@@ -246,6 +320,7 @@ def render(ev: Evaluation, meta: dict[str, Any]) -> str:
     met = [m.label for m in test_metrics if m.all_met(budget)]
     chosen_confs = [ev.conf_by_label(ev.chosen(r).label) for r in SCORED_RULES]
     chosen_met = [c.label for c in chosen_confs if ev.metrics("trainguard", "test", c).all_met(budget)]
+    sagemaker_confs = [c for c in (ev.sagemaker_of(r) for r in SCORED_RULES) if c is not None]
     branch = _git("rev-parse", "--abbrev-ref", "HEAD")
     commit = _git("log", "-1", "--format=%h %s")
     dirty = _git("status", "--porcelain", "--", ".")
@@ -255,13 +330,22 @@ Generated by `make bench-accuracy` (`python -m bench.accuracy all`: trains what 
 cache lacks, then scores) or `python -m bench.accuracy score` (rescoring the stored runs
 only: minutes, no training; run it after any change to the rules); do not edit by hand (the
 method is in `bench/accuracy/*.py`, every number comes from the runs). Rules scored: trainguard at branch `{branch}`, commit {commit}{" (with uncommitted changes)" if dirty and not dirty.startswith("unknown") else ""};
-verdict fingerprint `{ev.fingerprint}`. Scoring took {ev.seconds:.0f} s{meta.get("scoring_note", "")}.
+verdict fingerprint `{ev.fingerprint}`.{meta.get("scoring_note", "")}
 
 **At trainguard's defaults, {len(met)} of {len(defaults)} rules meet every target on the test split**{": " + ", ".join(met) if met else ""}.
 With the defaults the dev split supports (chosen on dev only, below), {len(chosen_met)} of {len(defaults)} do{": " + ", ".join(chosen_met) if chosen_met else ""}.
 Targets on the test split: precision ≥ 0.95, recall ≥ 0.90, ≤ 1 false alarm per 100 clean
 runs, median detection delay ≤ 2 save intervals ({budget} training steps at trainguard's
 defaults; {delay_budget(sm)} at SageMaker's).
+
+Headline, test split, trainguard's save defaults: each rule at trainguard's default and at
+SageMaker's documented defaults given explicitly (an explicitly given SageMaker parameter
+keeps its documented meaning). P = precision, R = recall, FA = false alarms per 100 clean
+runs (alerts on clean twins), delay = median training steps after the symptom's onset.
+
+{_headline_table(ev)}
+
+{_adopted()}
 
 ## The corpus
 
@@ -326,9 +410,19 @@ Positives per rule on the test split: {_positives_table(ev, "test")}
 
 ## Test split, trainguard's default save configuration, rules at their defaults
 
-{tg.description}. {"TensorVariance has no default threshold; its row uses `" + _params(defaults[SCORED_RULES.index("TensorVariance")]) + "`." if "TensorVariance" in SCORED_RULES else ""}
+{tg.description}.
 
 {_table(ev, "trainguard", "test", defaults)}
+
+## Test split, trainguard's default save configuration, SageMaker's parameter defaults
+
+The rules whose SageMaker defaults differ from trainguard's, given SageMaker's documented
+defaults explicitly (read from `trainguard.rules.catalog.DEPARTURES`, what `trainguard rules`
+shows as SageMaker's default); the other rules' SageMaker defaults are trainguard's.
+
+{_table(ev, "trainguard", "test", sagemaker_confs)}
+
+{_sagemaker_notes(ev)}
 
 ## Test split, SageMaker's 500-step save configuration, rules at their defaults
 
@@ -348,9 +442,14 @@ step, which costs little because evaluations are short.
 
 ## Defaults the dev split supports
 
-Chosen on the dev split at trainguard's save defaults among the rule's default and the
-candidates in `bench/accuracy/tune.py` (targets met first; then ≤ 1 false alarm per 100
-clean runs; then recall, precision, false alarms, delay), then reported on the test split.
+Chosen on the dev split at trainguard's save defaults among the rule's default, SageMaker's
+defaults and the candidates in `bench/accuracy/tune.py` (targets met first; then ≤ 1 false
+alarm per 100 clean runs; then recall, precision, false alarms, delay), then reported on the
+test split. Conservative: the best-ranked configuration replaces the default only when it is
+better on dev by at least {MIN_EVIDENCE_RUNS} runs (true positives gained plus false alarms
+avoided), or reaches the false-alarm target the default misses with at least that many fewer
+alarms on clean runs. "P / R / FA per 100 / delay" in each cell; "—" where there is nothing
+to measure (no positives, or no alert to time).
 
 {_defaults_table(ev)}
 
@@ -367,6 +466,65 @@ Test split with the chosen configurations:
 {_candidates_appendix(ev)}
 {_skipped(ev)}
 """
+
+
+def render_dev_choices(ev: Evaluation) -> str:
+    """The dev split's choice per rule (``python -m bench.accuracy tune``; the test split unread)."""
+    tg = delay_budget({p.name: p for p in profiles()}["trainguard"])
+    lines = [
+        "| Rule | trainguard's default | SageMaker's default | dev: default / SageMaker's, P / R / FA per 100 / delay | dev choice, and why |",
+        "|---|---|---|---|---|",
+    ]
+    for rule in SCORED_RULES:
+        names = _tuned_names(ev, rule)
+        sagemaker = ev.sagemaker_of(rule)
+        dm = ev.metrics("trainguard", "dev", ev.confs[rule][0])
+        dsm = ev.metrics("trainguard", "dev", sagemaker) if sagemaker is not None else None
+        lines.append(
+            f"| {rule} | {_values(rule, names)} | {_sagemaker_values(ev, rule, names)} | "
+            f"{_short(dm, tg)} / {_short(dsm, tg) if dsm else '='} | {_why(ev, rule, tg)} |"
+        )
+    return "\n".join(lines) + "\n\n" + _candidates_appendix(ev) + "\n"
+
+
+def _headline_table(ev: Evaluation) -> str:
+    tg = delay_budget({p.name: p for p in profiles()}["trainguard"])
+    lines = [
+        "| Rule | trainguard's default: P / R / FA / delay | SageMaker's default: P / R / FA / delay | targets at trainguard's default |",
+        "|---|---|---|---|",
+    ]
+    for rule in SCORED_RULES:
+        m = ev.metrics("trainguard", "test", ev.confs[rule][0])
+        sagemaker, note = ev.sagemaker.get(rule, (None, ""))
+        if sagemaker is not None:
+            theirs = _short(ev.metrics("trainguard", "test", sagemaker), tg)
+        elif note == "not a SageMaker rule":
+            theirs = "not a SageMaker rule"
+        else:
+            theirs = "same parameters"
+        lines.append(f"| {rule} | {_short(m, tg)} | {theirs} | {_met(m, tg)} |")
+    return "\n".join(lines)
+
+
+def _adopted() -> str:
+    if not ADOPTED:
+        return "No rule's default was changed on this benchmark's evidence."
+    rows = "\n".join(f"- **{rule}**: {text}" for rule, text in ADOPTED.items())
+    return f"Defaults changed in the rule modules on the dev split's evidence (the tables show the new ones):\n\n{rows}"
+
+
+def _sagemaker_notes(ev: Evaluation) -> str:
+    notes = [
+        f"- {rule}: {note}"
+        for rule in SCORED_RULES
+        for conf, note in [ev.sagemaker.get(rule, (None, ""))]
+        if note
+    ]
+    return (
+        "Parameters left at trainguard's value in these rows, and why:\n\n" + "\n".join(notes)
+        if notes
+        else ""
+    )
 
 
 def _skipped(ev: Evaluation) -> str:

@@ -8,9 +8,11 @@ chosen from; a candidate whose parameter the installed rule does not accept is s
 Choice (dev split, trainguard's default save profile, never the test split): configurations
 meeting every target on dev first; then those within the false-alarm target (<= 1 per 100
 clean runs); then the highest recall, the highest precision, the fewest false alarms and
-the shortest median delay. Candidates are scored on the dev split only; the test split is
-scored with each rule's default and its choice, and includes a family (resnet) no choice
-has seen.
+the shortest median delay; and the default is kept unless the best is better by at least
+``MIN_EVIDENCE_RUNS`` runs. SageMaker's documented defaults (given explicitly, so with
+their documented meaning) are one of the candidates. Candidates are scored on the dev
+split only; the test split is scored with each rule's default, SageMaker's and the
+choice, and includes a family (resnet) no choice has seen.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ SCORED_RULES: tuple[str, ...] = (
     "FeatureImportanceOverweight",
 )
 
-#: a rule with no usable default (TensorVariance needs a threshold): the configuration
-#: scored in the "defaults" table instead, labelled as such
-DEFAULT_STANDINS: dict[str, dict[str, Any]] = {
-    "TensorVariance": {"collection_names": "weights", "min_threshold": 1e-5, "max_threshold": 10},
-}
+#: a rule with no usable default: the configuration scored in the "defaults" table
+#: instead, labelled as such (none since TensorVariance has trainguard defaults)
+DEFAULT_STANDINS: dict[str, dict[str, Any]] = {}
+
+#: rule -> what the benchmark changed in the rule module's default, and on what evidence
+#: (the generated doc lists it; the numbers are in its tables)
+ADOPTED: dict[str, str] = {}
+
+#: a candidate replaces the rule's default only when it is better on dev by at least this
+#: many runs (true positives gained plus false alarms avoided): one run is noise
+MIN_EVIDENCE_RUNS = 2
 
 
 def _grid(**axes: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -124,18 +132,48 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
 
 
 def accepted_parameters(rule: str) -> set[str] | None:
-    """The parameter names the installed rule's configuration accepts (None: unknown)."""
+    """The parameter names the installed rule's configuration accepts (None: unknown rule)."""
     from trainguard.rules.registry import RULES
 
     cls = RULES.get(rule)
     if cls is None:
         return None
-    for base in getattr(cls, "__orig_bases__", ()):
-        for arg in getattr(base, "__args__", ()):
-            fields = getattr(arg, "model_fields", None)
-            if fields:
-                return set(fields)
-    return None
+    return set(cls.Config.model_fields)
+
+
+def sagemaker_conf(rule: str) -> tuple[RuleConf | None, str]:
+    """SageMaker's documented defaults given explicitly to trainguard's rule, and a note.
+
+    Read from ``trainguard.rules.catalog.DEPARTURES`` (what ``trainguard rules`` shows as
+    "SageMaker: X"): every parameter whose SageMaker default differs from trainguard's.
+    An explicitly given SageMaker parameter keeps its documented meaning, so this scores
+    SageMaker's semantics. None when SageMaker's defaults are trainguard's (the note says
+    so), when the rule is trainguard's own, or when SageMaker has no runnable default.
+    """
+    from trainguard.rules.catalog import DEPARTURES, NOT_SAGEMAKER, TRAINGUARD_ONLY, sagemaker_string
+    from trainguard.rules.registry import RULES
+
+    if rule in TRAINGUARD_ONLY:
+        return None, "not a SageMaker rule"
+    fields = RULES[rule].Config.model_fields
+    params: dict[str, str] = {}
+    notes: list[str] = []
+    for name, (value, why) in DEPARTURES.get(rule, {}).items():
+        if value == NOT_SAGEMAKER:
+            continue  # a trainguard parameter: SageMaker's behaviour is its absence
+        if name in fields and value == sagemaker_string(fields[name].default):
+            notes.append(f"{name}: the same value ({value}); {why}")
+            continue
+        if " (" in value:
+            notes.append(f"{name}: SageMaker's default is {value}")
+            continue
+        if value == "None":
+            notes.append(f"{name}: SageMaker's default None cannot be given explicitly")
+            continue
+        params[name] = value
+    if not params:
+        return None, "; ".join(notes) or "SageMaker's defaults are trainguard's"
+    return RuleConf.of(rule, label=f"{rule} (SageMaker's defaults)", **params), "; ".join(notes)
 
 
 def default_conf(rule: str) -> RuleConf:
@@ -146,11 +184,15 @@ def default_conf(rule: str) -> RuleConf:
 
 
 def candidate_confs(skipped: list[str] | None = None) -> dict[str, list[RuleConf]]:
-    """rule -> [its default (or stand-in), then every accepted candidate]."""
+    """rule -> [its default (or stand-in), SageMaker's defaults where they differ, then every
+    accepted candidate]."""
     out: dict[str, list[RuleConf]] = {}
     for rule in SCORED_RULES:
         accepted = accepted_parameters(rule)
         confs = [default_conf(rule)]
+        sagemaker, _ = sagemaker_conf(rule)
+        if sagemaker is not None:
+            confs.append(sagemaker)
         for params in CANDIDATES.get(rule, []):
             unknown = [k for k in params if accepted is not None and k not in accepted]
             if unknown:
@@ -164,16 +206,39 @@ def candidate_confs(skipped: list[str] | None = None) -> dict[str, list[RuleConf
     return out
 
 
-def choose(metrics: list[Metrics], delay_budget: int) -> Metrics:
-    def rank(m: Metrics) -> tuple[Any, ...]:
-        fa = m.fa_per_100 if m.fa_per_100 is not None else 0.0
-        return (
-            not m.all_met(delay_budget),
-            fa > 1.0,
-            -(m.recall or 0.0),
-            -(m.precision or 0.0),
-            fa,
-            m.median_delay if m.median_delay is not None else 1e9,
-        )
+def _rank(m: Metrics, delay_budget: int) -> tuple[Any, ...]:
+    fa = m.fa_per_100 if m.fa_per_100 is not None else 0.0
+    return (
+        not m.all_met(delay_budget),
+        fa > 1.0,
+        -(m.recall or 0.0),
+        -(m.precision or 0.0),
+        fa,
+        m.median_delay if m.median_delay is not None else 1e9,
+    )
 
-    return min(metrics, key=rank)
+
+def evidence(candidate: Metrics, default: Metrics) -> int:
+    """Runs by which ``candidate`` beats ``default``: true positives gained plus false alarms
+    avoided (negative when it is worse)."""
+    return (candidate.tp - default.tp) + (default.fp - candidate.fp)
+
+
+def choose(metrics: list[Metrics], delay_budget: int) -> Metrics:
+    """The dev split's choice; ``metrics[0]`` is the rule's current default.
+
+    The best-ranked configuration (targets met first; then <= 1 false alarm per 100 clean
+    runs; then recall, precision, false alarms, delay) replaces the default only when it
+    ranks strictly better and is better by at least ``MIN_EVIDENCE_RUNS`` runs (true
+    positives gained plus false alarms avoided), or reaches a tier the default misses with
+    at least that many fewer alarms on clean runs; otherwise the default is kept.
+    """
+    default = metrics[0]
+    best = min(metrics, key=lambda m: _rank(m, delay_budget))
+    if best is default or _rank(best, delay_budget) >= _rank(default, delay_budget):
+        return default
+    tier = _rank(best, delay_budget)[:2] < _rank(default, delay_budget)[:2]
+    fewer_clean_alarms = default.clean_alarms - best.clean_alarms
+    if (tier and fewer_clean_alarms >= MIN_EVIDENCE_RUNS) or evidence(best, default) >= MIN_EVIDENCE_RUNS:
+        return best
+    return default

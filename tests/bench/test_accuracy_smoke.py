@@ -195,3 +195,59 @@ def test_merged_statistics_equal_those_of_the_concatenation() -> None:
     whole = stats(np.concatenate(parts))
     for key, value in whole.items():
         assert math.isclose(merged[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_the_whole_benchmark_scores_the_tiny_corpus_and_renders_the_doc(corpus: Path) -> None:
+    """``evaluate`` + ``render``, the code behind ``make bench-accuracy``, end to end."""
+    from bench.accuracy.evaluate import evaluate
+    from bench.accuracy.report import render, render_dev_choices
+    from bench.accuracy.tune import SCORED_RULES
+
+    ev = evaluate(corpus, only_defaults=True)
+    exploding = ev.metrics("trainguard", "dev", ev.confs["ExplodingTensor"][0])
+    assert exploding.tp == 1 and exploding.fp == 0
+    # SageMaker's documented defaults are scored beside trainguard's, on every profile
+    overtraining = ev.sagemaker_of("Overtraining")
+    assert overtraining is not None
+    assert dict(overtraining.params) == {"patience_train": "5", "delta": "0.1"}
+    assert overtraining.key in ev.verdicts["sagemaker"][plan.clean_id("tabular", "smoke", 0)]
+    doc = render(ev, {"cache": str(corpus)})
+    assert doc.startswith("# Rule accuracy: benchmark v2")
+    headline = doc.split("Headline, test split", 1)[1].split("## The corpus", 1)[0]
+    for rule in SCORED_RULES:
+        assert f"| {rule} |" in headline
+    assert "| Overtraining |" in headline and "not a SageMaker rule" in headline
+    assert "Defaults the dev split supports" in doc and "SageMaker's default" in doc
+    choices = render_dev_choices(ev)
+    assert "| ExplodingTensor |" in choices and "keep the default" in choices
+
+
+def test_a_default_changes_only_on_evidence_from_the_dev_split() -> None:
+    from bench.accuracy.score import Metrics
+    from bench.accuracy.tune import MIN_EVIDENCE_RUNS, choose
+
+    def m(label: str, tp: int, fn: int, fp: int, clean_alarms: int) -> Metrics:
+        out = Metrics(label, "R", tp=tp, fn=fn, fp=fp, clean_runs=100, clean_alarms=clean_alarms)
+        out.delays = [0] * tp
+        return out
+
+    default = m("default", 8, 2, 0, 0)
+    assert choose([default, m("one more", 9, 1, 0, 0)], 100).label == "default"  # 1 run: noise
+    better = m("better", 8 + MIN_EVIDENCE_RUNS, 2 - MIN_EVIDENCE_RUNS, 0, 0)
+    assert choose([default, better], 100).label == "better"
+    noisy = m("noisy", 10, 0, 30, 30)
+    assert choose([noisy, m("quiet", 7, 3, 0, 0)], 100).label == "quiet"  # reaches the FA target
+    assert choose([m("two", 10, 0, 2, 2), m("one", 10, 0, 1, 1)], 100).label == "two"  # 1 clean alarm
+
+
+def test_sagemaker_defaults_come_from_the_rule_catalog() -> None:
+    from trainguard.rules.catalog import DEPARTURES
+
+    from bench.accuracy.tune import sagemaker_conf
+
+    conf, _ = sagemaker_conf("Confusion")
+    assert conf is not None
+    assert dict(conf.params) == {k: DEPARTURES["Confusion"][k][0] for k in ("min_diag", "max_off_diag")}
+    assert sagemaker_conf("OscillatingLoss") == (None, "not a SageMaker rule")
+    conf, note = sagemaker_conf("AllZero")
+    assert conf is None and "required" in note  # SageMaker has no runnable default
