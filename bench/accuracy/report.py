@@ -14,7 +14,7 @@ from bench.accuracy import labels as labelling
 from bench.accuracy import plan
 from bench.accuracy.evaluate import Evaluation, delay_budget, profiles
 from bench.accuracy.score import Metrics, RuleConf, wilson
-from bench.accuracy.tune import ADOPTED, DEFAULT_STANDINS, MIN_EVIDENCE_RUNS, SCORED_RULES
+from bench.accuracy.tune import ADOPTED, DEFAULT_STANDINS, MIN_EVIDENCE_RUNS, NOT_ADOPTED, SCORED_RULES
 
 
 def _git(*args: str) -> str:
@@ -507,10 +507,16 @@ def _headline_table(ev: Evaluation) -> str:
 
 
 def _adopted() -> str:
-    if not ADOPTED:
-        return "No rule's default was changed on this benchmark's evidence."
     rows = "\n".join(f"- **{rule}**: {text}" for rule, text in ADOPTED.items())
-    return f"Defaults changed in the rule modules on the dev split's evidence (the tables show the new ones):\n\n{rows}"
+    text = (
+        f"Changed in the rule modules on the dev split's evidence (the tables score the new defaults; SageMaker's are scored beside them):\n\n{rows}"
+        if ADOPTED
+        else "No rule's default was changed on this benchmark's evidence."
+    )
+    if NOT_ADOPTED:
+        kept = "\n".join(f"- **{rule}**: {why}" for rule, why in NOT_ADOPTED.items())
+        text += f"\n\nDev-split choices not adopted as defaults, and why:\n\n{kept}"
+    return text
 
 
 def _sagemaker_notes(ev: Evaluation) -> str:
