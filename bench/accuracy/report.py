@@ -515,7 +515,7 @@ def _adopted() -> str:
     )
     if NOT_ADOPTED:
         kept = "\n".join(f"- **{rule}**: {why}" for rule, why in NOT_ADOPTED.items())
-        text += f"\n\nDev-split choices not adopted as defaults, and why:\n\n{kept}"
+        text += f"\n\nDev-split choices not adopted as defaults, and open findings:\n\n{kept}"
     return text
 
 
