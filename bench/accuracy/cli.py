@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--workers", type=int, default=1)
     sc.add_argument("--doc", type=Path, default=DOCS)
     sc.add_argument("--defaults-only", action="store_true", help="score only the default configurations")
+    sc.add_argument(
+        "--eval-every-step",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also score the profile that saves every EVAL step (a third full replay of every run)",
+    )
     tn = sub.add_parser("tune", help="score every candidate on the dev split; print the choice per rule")
     tn.add_argument("--workers", type=int, default=1)
     tn.add_argument("--out", type=Path, default=None, help="write the table here (default: stdout)")
@@ -92,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench.accuracy.evaluate import evaluate
         from bench.accuracy.report import render
 
-        ev = evaluate(cache, workers=args.workers, only_defaults=getattr(args, "defaults_only", False))
+        ev = evaluate(
+            cache,
+            workers=args.workers,
+            only_defaults=getattr(args, "defaults_only", False),
+            eval_every_step=getattr(args, "eval_every_step", True),
+        )
         text = render(ev, {"cache": str(cache)})
         args.doc.write_text(text)
         print(f"wrote {args.doc} ({len(ev.runs)} runs)", file=sys.stderr)

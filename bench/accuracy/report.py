@@ -431,14 +431,7 @@ first evaluation step only.
 
 {_table(ev, "sagemaker", "test", defaults)}
 
-## Test split, trainguard's defaults with every EVAL step saved, rules at their defaults
-
-{eval1.description}. Not a shipped configuration: it shows what the rules that judge
-evaluation data (Confusion, ClassImbalance's misprediction branch, Overfit's EVAL losses are
-saved every step already) would see if the hook saved labels and predictions at every EVAL
-step, which costs little because evaluations are short.
-
-{_table(ev, "trainguard-eval1", "test", defaults)}
+{_eval1_section(ev, eval1, defaults)}
 
 ## Defaults the dev split supports
 
@@ -485,6 +478,22 @@ def render_dev_choices(ev: Evaluation) -> str:
             f"{_short(dm, tg)} / {_short(dsm, tg) if dsm else '='} | {_why(ev, rule, tg)} |"
         )
     return "\n".join(lines) + "\n\n" + _candidates_appendix(ev) + "\n"
+
+
+def _eval1_section(ev: Evaluation, eval1: Any, defaults: list[RuleConf]) -> str:
+    head = "## Test split, trainguard's defaults with every EVAL step saved, rules at their defaults\n\n"
+    if not ev.verdicts.get("trainguard-eval1"):
+        return (
+            head + "Not scored in this run (`python -m bench.accuracy score --eval-every-step` adds it): "
+            "it replays every run a third time at full length."
+        )
+    return (
+        head + f"{eval1.description}. Not a shipped configuration: it shows what the rules that judge "
+        "evaluation data (Confusion, ClassImbalance's misprediction branch; Overfit's EVAL losses are "
+        "saved every step already) would see if the hook saved labels and predictions at every EVAL "
+        "step, which costs little because evaluations are short.\n\n"
+        + _table(ev, "trainguard-eval1", "test", defaults)
+    )
 
 
 def _headline_table(ev: Evaluation) -> str:
