@@ -19,9 +19,13 @@ if TYPE_CHECKING:
         Collection,
         CollectionKeys,
         Hook,
+        HookReport,
         SaveConfig,
         SaveConfigMode,
+        StepPlan,
         StopTrainingRequested,
+        del_hook,
+        get_hook,
     )
     from trainguard.trial import Trial, create_trial
 
@@ -32,6 +36,10 @@ _LAZY = {
     "Collection": "trainguard.hook",
     "CollectionKeys": "trainguard.hook",
     "StopTrainingRequested": "trainguard.hook",
+    "HookReport": "trainguard.hook",
+    "StepPlan": "trainguard.hook",
+    "get_hook": "trainguard.hook",
+    "del_hook": "trainguard.hook",
     "create_trial": "trainguard.trial",
     "Trial": "trainguard.trial",
 }
@@ -40,12 +48,16 @@ __all__ = [
     "Collection",
     "CollectionKeys",
     "Hook",
+    "HookReport",
     "SaveConfig",
     "SaveConfigMode",
+    "StepPlan",
     "StopTrainingRequested",
     "Trial",
     "__version__",
     "create_trial",
+    "del_hook",
+    "get_hook",
     "modes",
 ]
 
