@@ -9,7 +9,9 @@ from rulejobs import SHORT, config_error, long_run, make, repeat, run, state_byt
 def job(stds: list[float]) -> list:
     rng = np.random.default_rng(1)
     return [
-        step_data(10 * i, tensors={"weights/fc.weight": tensor(rng.normal(0, s, size=1000), ["weights"])})
+        step_data(
+            10 * i, tensors={"weights/fc.weight": tensor(rng.normal(0, s, size=(10, 100)), ["weights"])}
+        )
         for i, s in enumerate(stds)
     ]
 
@@ -34,8 +36,27 @@ def test_within_bounds() -> None:
 def test_parameters() -> None:
     c = make("TensorVariance", collection_names="weights", max_threshold="10", min_threshold="0.1").config
     assert (c.collection_names, c.max_threshold, c.min_threshold) == (("weights",), 10.0, 0.1)
-    assert "set max_threshold" in config_error("TensorVariance")
     assert "must not exceed" in config_error("TensorVariance", min_threshold="5", max_threshold="1")
+    # SageMaker: a threshold given as None is not checked; trainguard's defaults apply only when
+    # neither is given
+    assert make("TensorVariance").config.bounds == (1e-5, 10.0)
+    assert make("TensorVariance", max_threshold="4").config.bounds == (None, 4.0)
+
+
+def test_trainguard_defaults_on_weights() -> None:
+    rng = np.random.default_rng(2)
+    zero = {"fc.weight": tensor(np.zeros((8, 8)), ["weights"])}
+    huge = {"fc.weight": tensor(rng.normal(0, 5, size=(8, 8)), ["weights"])}
+    healthy = {"fc.weight": tensor(rng.normal(0, 0.1, size=(8, 8)), ["weights"])}
+    assert run(make("TensorVariance"), [step_data(0, tensors=zero)]).finding.threshold == 1e-5
+    assert run(make("TensorVariance"), [step_data(0, tensors=huge)]).finding.threshold == 10.0
+    assert run(make("TensorVariance"), [step_data(0, tensors=healthy)]).fired_at is None
+    # a normalisation layer's scale (1-d, constant at init) and non-weights are not judged by default
+    norm = {"bn.weight": tensor(np.ones(8), ["weights"]), "x": tensor(np.zeros((4, 4)), ["inputs"])}
+    out = run(make("TensorVariance"), [step_data(0, tensors=norm)])
+    assert out.fired_at is None and out.state.tensors_checked == 0
+    # an explicit selection judges every selected tensor
+    assert run(make("TensorVariance", collection_names="weights"), [step_data(0, tensors=norm)]).fired_at == 0
 
 
 def test_state_bounded() -> None:

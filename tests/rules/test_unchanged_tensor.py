@@ -58,7 +58,7 @@ def test_parameters() -> None:
 
 def test_state_bounded() -> None:
     rule = make("UnchangedTensor", num_steps="1000000")
-    many = {f"t{i}": tensor(np.ones(2) * i) for i in range(200)}
+    many = {f"t{i}": tensor(np.ones(2) * i, ["weights"]) for i in range(200)}
     state, _ = long_run(rule, (step_data(s, tensors=many) for s in range(3)))
     assert len(state.streaks) == MAX_TRACKED and state_bytes(rule, state) < 8192
     rule = make("UnchangedTensor")

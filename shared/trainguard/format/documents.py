@@ -52,19 +52,25 @@ class Histogram(_Strict):
 
 
 class TensorStats(_Strict):
-    """Reductions computed where the tensor lives. Optional fields are present when asked for."""
+    """Reductions computed where the tensor lives. Every field is present only when asked for.
 
-    numel: int = Field(ge=0)
-    mean: float
-    std: float
-    min: float
-    max: float
-    mean_abs: float
-    l1: float
-    l2: float
-    zeros: int = Field(ge=0)
-    nan: int = Field(ge=0)
-    inf: int = Field(ge=0)
+    None means "not computed", never zero: the hook computes only what the configured rules
+    declare they read (``Rule.reads()``), and a rule treats an absent statistic as an input it
+    did not receive. Version-1 documents always carry the base fields (``numel`` ... ``inf``);
+    making them optional is a compatible change (every v1 document still validates).
+    """
+
+    numel: int | None = Field(default=None, ge=0)
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    mean_abs: float | None = None
+    l1: float | None = None
+    l2: float | None = None
+    zeros: int | None = Field(default=None, ge=0)
+    nan: int | None = Field(default=None, ge=0)
+    inf: int | None = Field(default=None, ge=0)
     #: percentile (as a string, "5", "95"...) -> value
     percentiles: dict[str, float] | None = Field(default=None, max_length=16)
     histogram: Histogram | None = None

@@ -115,6 +115,8 @@ def _depth_series(trial: Trial) -> list[tuple[int, float, float]]:
                 stats = tensor.stats(step)
             except TensorUnavailable:
                 continue
+            if stats.max is None:
+                continue  # the hook did not compute it: no point rather than a made-up one
             value = float(stats.max)
             if column == 1:
                 value = math.log2(value) if value > 0 else 0.0

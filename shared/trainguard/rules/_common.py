@@ -13,10 +13,13 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from trainguard.format.documents import Mode, TensorStats
-from trainguard.rules.base import StepData, TensorView
+from trainguard.rules.base import RuleInput, StepData, TensorView, compiled
 
 #: SageMaker's order when a rule's ``mode`` is None: EVAL, else TRAIN, else GLOBAL
 MODE_PRIORITY: tuple[Mode, ...] = ("EVAL", "TRAIN", "GLOBAL")
+#: the model's parameters and their gradients: trainguard's default selection for the rules
+#: whose SageMaker documentation requires a selection (AllZero, UnchangedTensor)
+PARAMETER_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients")
 
 
 def split_list(value: Any) -> Any:
@@ -52,7 +55,7 @@ def _check_regexes(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 def _check_regex(pattern: str) -> str:
     try:
-        re.compile(pattern)
+        compiled(pattern)
     except re.error as exc:
         raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
     return pattern
@@ -91,6 +94,75 @@ def select(
             yield view, view.stats
 
 
+def describe_selection(collections: Sequence[str] | None, regex: Sequence[str] | None, noun: str) -> str:
+    """``tensors in weights, gradients or matching 'fc.*'`` for a coverage message."""
+    parts = []
+    if collections:
+        parts.append(f"in {', '.join(collections)}")
+    if regex:
+        parts.append(f"matching {', '.join(repr(r) for r in regex)}")
+    return f"{noun} {' or '.join(parts)}" if parts else f"saved {noun}"
+
+
+def tensor_input(
+    collections: Sequence[str] | None,
+    regex: Sequence[str] | None,
+    statistics: Sequence[str],
+    *,
+    default_collections: Sequence[str] | None = None,
+    what: str | None = None,
+    modes: Sequence[Mode] = (),
+    required: bool = True,
+) -> RuleInput:
+    """The ``RuleInput`` of a ``collection_names``/``tensor_regex`` selection (see ``select``)."""
+    if not collections and not regex:
+        collections = default_collections
+    return RuleInput(
+        what or describe_selection(collections, regex, "tensors"),
+        collections=tuple(collections or ()),
+        regex=tuple(regex or ()),
+        statistics=tuple(statistics),
+        modes=tuple(modes),
+        required=required,
+    )
+
+
+def loss_inputs(
+    modes: Sequence[Mode],
+    *,
+    collections: Sequence[str] | None = None,
+    regex: Sequence[str] | None = None,
+    use_losses_collection: bool = True,
+    required: bool = True,
+    what: str | None = None,
+) -> tuple[RuleInput, ...]:
+    """The inputs ``loss_value`` reads: loss scalars, and tensors chosen by name (their mean)."""
+    cols = (("losses",) if use_losses_collection else ()) + tuple(collections or ())
+    label = what or f"{'/'.join(modes) + ' ' if modes else ''}losses"
+    out = [
+        RuleInput(
+            label,
+            collections=cols,
+            regex=tuple(regex or ()),
+            scalars=True,
+            modes=tuple(modes),
+            required=required,
+        )
+    ]
+    if collections or regex:
+        out.append(
+            RuleInput(
+                f"{label} saved as tensors",
+                collections=tuple(collections or ()),
+                regex=tuple(regex or ()),
+                statistics=("numel", "mean"),
+                modes=tuple(modes),
+                required=False,
+            )
+        )
+    return tuple(out)
+
+
 def loss_value(
     step: StepData,
     mode: Mode,
@@ -103,9 +175,10 @@ def loss_value(
 
     Selected: scalars in the ``losses`` collection (when ``use_losses_collection``), in any of
     ``collections`` or with a name matching any of ``regex``; and tensors in ``collections`` or
-    matching ``regex`` (their mean). Non-finite losses are kept (they are what went wrong).
+    matching ``regex`` (their mean; a tensor whose ``mean`` or ``numel`` was not computed is
+    not a loss received). Non-finite losses are kept (they are what went wrong).
     """
-    patterns = [re.compile(r) for r in regex or ()]
+    patterns = [compiled(r) for r in regex or ()]
     wanted = set(collections or ())
     values: list[float] = []
     for _, name, _, scalar in step.scalars(mode):
@@ -118,9 +191,21 @@ def loss_value(
             values.append(scalar.value)
     if wanted or patterns:
         for view in step.tensors(mode, list(wanted) or None, list(regex or ()) or None):
-            if view.stats is not None and view.stats.numel > 0:
-                values.append(view.stats.mean)
+            stats = view.stats
+            if stats is not None and stats.numel and stats.mean is not None:
+                values.append(stats.mean)
     return sum(values) / len(values) if values else None
+
+
+def missing_statistic(received: int, noun: str, *statistics: str) -> str:
+    """The coverage reason when inputs arrived but none could be judged."""
+    if not received:
+        return ""
+    needed = " and ".join(f"'{s}'" for s in statistics)
+    return (
+        f"{received:,} {noun} arrived, none with a usable {needed} statistic (empty, not finite, or "
+        "not computed by the hook: a hook configured before this rule was added does not compute it)"
+    )
 
 
 def mode_step(step: StepData, mode: Mode) -> int:

@@ -65,17 +65,41 @@ class RuleState(BaseModel):
 
 #: statistics a rule may ask the hook for: the fields of ``TensorStats``
 STATISTICS: tuple[str, ...] = tuple(TensorStats.model_fields)
+#: collections that hold scalars (losses, metrics), not tensors
+SCALAR_COLLECTIONS: tuple[str, ...] = ("losses", "metrics", "scalars")
+#: collections the PyTorch integration fills from module hooks: they need register_module(model)
+MODULE_COLLECTIONS: tuple[str, ...] = (
+    "weights",
+    "biases",
+    "gradients",
+    "relu_output",
+    "relu_input",
+    "tanh_input",
+    "sigmoid_input",
+    "inputs",
+    "outputs",
+)
 
 
 @dataclass(frozen=True)
 class RuleInput:
     """One input a rule reads, declared so the hook saves exactly it and coverage can be checked.
 
-    The hook turns on ``collections`` (and saves tensors whose names match ``regex``) and
-    computes ``statistics`` for them; scalar inputs (``scalars=True``) are scalar values in
-    those collections (``("losses",)``: every loss). ``modes`` empty means any mode. A rule
-    that never received a ``required`` input by the end of a job has not checked it: it ends
-    ``Error`` with ``what`` in the reason, never ``NoIssuesFound``.
+    Selection: a tensor (``scalars=False``) or a scalar (``scalars=True``) is this input when it
+    is in one of ``collections`` or its name matches one of ``regex`` (``re.match``), in one of
+    ``modes`` (empty: any mode). An input with neither ``collections`` nor ``regex`` is "every
+    tensor (or scalar) the hook saves": it asks the hook to turn nothing on, only to compute
+    ``statistics`` for whatever it saves.
+
+    For the hook: turn on ``collections``, save the tensors it can produce whose names match
+    ``regex``, and compute ``statistics`` (fields of ``TensorStats``) for the selected tensors;
+    any statistic not listed by some configured rule need not be computed.
+
+    For coverage: a rule that never received a ``required`` input by the end of a job has not
+    checked the job: it ends ``Error`` with ``what`` in the reason, never ``NoIssuesFound``.
+    An input that is not required widens what the rule checks (its absence is named in the
+    rule's NoIssuesFound details). A rule that checked nothing at all ends ``Error`` whatever
+    its inputs' flags (``Coverage``).
     """
 
     #: what a user reads in a coverage message: "gradients", "TRAIN losses", "ReLU outputs"
@@ -91,6 +115,86 @@ class RuleInput:
         unknown = [s for s in self.statistics if s not in STATISTICS]
         if unknown:
             raise ValueError(f"unknown statistics {unknown}; known: {list(STATISTICS)}")
+        if self.scalars and self.statistics:
+            raise ValueError("a scalar input has a value, not statistics")
+
+    def selects(self, name: str, collections: Sequence[str], mode: Mode, *, scalar: bool) -> bool:
+        """Whether a saved tensor (or scalar) named ``name`` in ``collections`` is this input."""
+        if scalar != self.scalars or (self.modes and mode not in self.modes):
+            return False
+        if not self.collections and not self.regex:
+            return True
+        if set(self.collections).intersection(collections):
+            return True
+        return any(compiled(r).match(name) for r in self.regex)
+
+    def how_to_save(self) -> str:
+        """What a user does so the hook saves this input (the end of a coverage message)."""
+        hints: list[str] = []
+        module = [c for c in self.collections if c in MODULE_COLLECTIONS]
+        if module:
+            hints.append("call hook.register_module(model)")
+        if "losses" in self.collections:
+            hints.append(
+                "register the loss (hook.register_loss(loss_fn)) or save it with "
+                "hook.save_scalar(name, value, collections=['losses'])"
+            )
+        wanted = [c for c in self.collections if c != "losses"]
+        if wanted:
+            quoted = ", ".join(repr(c) for c in wanted)
+            plural = "s" if len(wanted) > 1 else ""
+            hints.append(f"include the {quoted} collection{plural} (include_collections=[..., {quoted}])")
+        if self.regex:
+            hints.append(f"save tensors whose names match {', '.join(repr(r) for r in self.regex)}")
+        if self.modes:
+            hints.append(f"in {'/'.join(self.modes)} mode (hook.set_mode)")
+        if not hints:
+            hints.append("save them with the hook")
+        return " or ".join(hints[:2]) + ("; " + "; ".join(hints[2:]) if hints[2:] else "")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a rule has checked so far; the evaluator turns it into the rule's final status.
+
+    ``checked`` counts the rule's judgements (windows compared, tensors tested, evaluations
+    compared), not the data that arrived: a rule that received losses but never had two far
+    enough apart to compare checked nothing. At the end of a job the rule ends ``Error`` when
+    it is not ``complete`` (nothing checked, or a required input never arrived), with
+    ``starved()`` as the reason; otherwise ``NoIssuesFound`` with ``summary()``.
+    """
+
+    checked: int
+    #: what one judgement is, plural: "windows of TRAIN loss", "gradient tensors"
+    unit: str
+    verb: str = "checked"
+    #: required inputs (of ``reads()``) that never arrived
+    missing: tuple[RuleInput, ...] = ()
+    #: optional inputs that never arrived (named in the NoIssuesFound details)
+    skipped: tuple[RuleInput, ...] = ()
+    #: why nothing could be judged although inputs arrived ("" when nothing arrived)
+    reason: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.checked > 0 and not self.missing
+
+    def summary(self) -> str:
+        """``compared 58 windows of TRAIN loss`` (and what was not checked, if anything)."""
+        text = f"{self.verb} {self.checked:,} {self.unit}"
+        if self.skipped:
+            text += f" (not checked: {', '.join(i.what for i in self.skipped)}: none were saved)"
+        return text
+
+    def starved(self, rule: str, steps: int) -> str:
+        """Why the rule cannot pass: what was missing and how to get it."""
+        where = f"in {steps:,} step{'' if steps == 1 else 's'}"
+        if self.missing:
+            first = self.missing[0]
+            names = ", ".join(i.what for i in self.missing)
+            return f"{rule} saw no {names} {where}: the hook saved none; {first.how_to_save()}."
+        reason = self.reason or "none of the inputs it reads arrived"
+        return f"{rule} {self.verb} no {self.unit} {where}: {reason}."
 
 
 @dataclass(frozen=True)
@@ -212,11 +316,11 @@ def _compile(regex: str | Sequence[str] | None) -> list[re.Pattern[str]] | None:
     if regex is None:
         return None
     items = [regex] if isinstance(regex, str) else list(regex)
-    return [_compiled(r) for r in items] if items else None
+    return [compiled(r) for r in items] if items else None
 
 
 @lru_cache(maxsize=256)
-def _compiled(regex: str) -> re.Pattern[str]:
+def compiled(regex: str) -> re.Pattern[str]:
     return re.compile(regex)
 
 
@@ -246,6 +350,36 @@ class Rule(ABC, Generic[C, S]):
     def reads(self) -> tuple[RuleInput, ...]:
         """The inputs this configured rule reads (the hook saves them; coverage checks them)."""
         return ()
+
+    def coverage(self, state: S) -> Coverage | None:
+        """What the rule has checked so far (None: the rule does not say; see ``Coverage``)."""
+        return None
+
+    def covered(
+        self,
+        checked: int,
+        unit: str,
+        verb: str = "checked",
+        *,
+        received: Sequence[int] | None = None,
+        reason: str = "",
+    ) -> Coverage:
+        """A ``Coverage`` from counters: ``received[i]`` counts arrivals of ``reads()[i]``.
+
+        Without ``received``, nothing checked means every input is missing. When nothing was
+        checked and no ``reason`` is given, every input that never arrived is named as missing.
+        """
+        inputs = self.reads()
+        counts = [0] * len(inputs) if received is None else list(received)
+        if len(counts) != len(inputs):
+            raise ValueError(f"{self.name}: {len(counts)} counters for {len(inputs)} inputs")
+        absent = [i for i, n in zip(inputs, counts, strict=True) if n == 0]
+        missing = tuple(i for i in absent if i.required)
+        skipped = tuple(i for i in absent if not i.required)
+        if checked == 0 and not missing and not reason:
+            # nothing judged and no reason given: every input that never arrived is the cause
+            missing, skipped = tuple(absent), ()
+        return Coverage(checked, unit, verb, missing, skipped, reason)
 
     @abstractmethod
     def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:

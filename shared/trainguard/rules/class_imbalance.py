@@ -5,7 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainguard.rules._common import NonNegative, PositiveInt, Regex, class_ids
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+
+#: SageMaker's default regexes name the hook's ``labels`` and ``predictions`` collections
+DEFAULT_LABELS = ".*labels"
+DEFAULT_PREDICTIONS = ".*predictions"
 
 #: distinct classes counted; labels of further classes go to ``other``
 MAX_CLASSES = 256
@@ -16,8 +20,8 @@ class ClassImbalanceConfig(RuleConfig):
     threshold_misprediction: NonNegative = 0.7
     samples: PositiveInt = 500
     argmax: bool = False
-    labels_regex: Regex = ".*labels"
-    predictions_regex: Regex = ".*predictions"
+    labels_regex: Regex = DEFAULT_LABELS
+    predictions_regex: Regex = DEFAULT_PREDICTIONS
 
 
 class ClassImbalanceState(RuleState):
@@ -26,6 +30,11 @@ class ClassImbalanceState(RuleState):
     wrong: dict[str, int] = Field(default_factory=dict)
     total: int = 0
     other: int = 0
+    #: judgements made (one per step once ``samples`` labels were seen)
+    judgements: int = 0
+    #: label tensors received, and steps whose predictions could be paired with the labels
+    label_tensors: int = 0
+    paired: int = 0
 
 
 class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
@@ -54,6 +63,40 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
         "more data for rare classes, and check per-class metrics rather than accuracy."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return (
+            RuleInput(
+                "labels",
+                collections=("labels",) if cfg.labels_regex == DEFAULT_LABELS else (),
+                regex=(cfg.labels_regex,),
+                statistics=("values",),
+            ),
+            RuleInput(
+                "predictions",
+                collections=("predictions",) if cfg.predictions_regex == DEFAULT_PREDICTIONS else (),
+                regex=(cfg.predictions_regex,),
+                statistics=("values",),
+                required=False,
+            ),
+        )
+
+    def coverage(self, state: ClassImbalanceState) -> Coverage:
+        reason = ""
+        if state.label_tensors:
+            reason = (
+                f"{state.total:,} labels arrived, fewer than samples={self.config.samples}"
+                if state.total
+                else f"{state.label_tensors:,} label tensors arrived without the 'values' statistic"
+            )
+        return self.covered(
+            state.judgements,
+            f"judgements of the class distribution (over {state.total:,} labels)",
+            "made",
+            received=[state.label_tensors, state.paired],
+            reason=reason,
+        )
+
     def update(self, state: ClassImbalanceState, step: StepData) -> tuple[ClassImbalanceState, list[Finding]]:
         cfg = self.config
         seen = False
@@ -64,6 +107,7 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
                 )
                 if labels_view is None:
                     continue
+                state.label_tensors += 1
                 labels = class_ids(labels_view)
                 if labels is None:
                     continue
@@ -78,6 +122,7 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
                 preds = class_ids(preds_view, cfg.argmax) if preds_view is not None else None
                 if preds is not None and len(preds) != len(labels):
                     preds = None
+                state.paired += preds is not None
                 seen = True
                 for i, label in enumerate(labels):
                     key = str(label)
@@ -90,6 +135,7 @@ class ClassImbalance(Rule[ClassImbalanceConfig, ClassImbalanceState]):
                         state.wrong[key] = state.wrong.get(key, 0) + 1
         if not seen or state.total < cfg.samples:
             return state, []
+        state.judgements += 1
         return state, self._judge(state, step.step)
 
     def _judge(self, state: ClassImbalanceState, at: int) -> list[Finding]:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from trainguard.format.documents import Mode
 from trainguard.rules._common import PositiveInt, Probability, class_ids
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, TensorView, fmt
+from trainguard.rules.base import (
+    Coverage,
+    Finding,
+    Rule,
+    RuleConfig,
+    RuleInput,
+    RuleState,
+    StepData,
+    TensorView,
+    fmt,
+)
 
 
 class ConfusionConfig(RuleConfig):
@@ -21,6 +32,8 @@ class ConfusionConfig(RuleConfig):
 
 class ConfusionState(RuleState):
     steps_judged: int = 0
+    #: steps where a labels and a predictions tensor were both found (values or not)
+    pairs_seen: int = 0
 
 
 def _named(view: TensorView, name: str, collection: str) -> bool:
@@ -54,6 +67,36 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
         "and train longer or with a larger model if every class is weak."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return tuple(
+            RuleInput(
+                what,
+                collections=(collection,),
+                regex=(f"(.*/)?{re.escape(name)}$",),
+                statistics=("values",),
+            )
+            for what, name, collection in (
+                ("labels", cfg.labels, cfg.labels_collection),
+                ("predictions", cfg.predictions, cfg.predictions_collection),
+            )
+        )
+
+    def coverage(self, state: ConfusionState) -> Coverage:
+        reason = ""
+        if state.pairs_seen:
+            reason = (
+                f"labels and predictions arrived at {state.pairs_seen:,} steps, but none had 'values' of "
+                "equal length with every category present"
+            )
+        return self.covered(
+            state.steps_judged,
+            "confusion matrices",
+            "judged",
+            received=[state.pairs_seen] * 2,
+            reason=reason,
+        )
+
     def update(self, state: ConfusionState, step: StepData) -> tuple[ConfusionState, list[Finding]]:
         cfg = self.config
         modes: list[Mode] = step.modes()
@@ -71,6 +114,7 @@ class Confusion(Rule[ConfusionConfig, ConfusionState]):
                 )
                 if lv is None or pv is None:
                     continue
+                state.pairs_seen += 1
                 labels, preds = class_ids(lv), class_ids(pv)
                 if labels is None or preds is None or len(labels) != len(preds) or not labels:
                     continue

@@ -8,7 +8,7 @@ by ``trainguard report`` and by the stack's report function when the job ends.
 
 from __future__ import annotations
 
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData
 
 
 class CreateXgboostReportConfig(RuleConfig):
@@ -29,6 +29,26 @@ class CreateXgboostReport(Rule[CreateXgboostReportConfig, CreateXgboostReportSta
     #: a report, not a check: no IssuesFound alarm is created for it
     kind = "report"
     advice = "Open report/xgboost-report.html next to the job's data."
+
+    def reads(self) -> tuple[RuleInput, ...]:
+        # what the report shows; none is needed for the rule's status
+        return (
+            RuleInput("XGBoost metrics", collections=("metrics",), scalars=True, required=False),
+            RuleInput(
+                "feature importances", collections=("feature_importance",), scalars=True, required=False
+            ),
+            RuleInput("XGBoost trees", collections=("trees",), statistics=("numel", "max"), required=False),
+        )
+
+    def coverage(self, state: CreateXgboostReportState) -> Coverage:
+        reason = "" if state.steps_seen else "the job wrote no step: there is nothing to report"
+        return self.covered(
+            state.steps_seen,
+            "steps for the XGBoost report",
+            "collected",
+            received=[state.steps_seen] * 3,
+            reason=reason,
+        )
 
     def update(
         self, state: CreateXgboostReportState, step: StepData

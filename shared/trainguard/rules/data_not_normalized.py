@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from trainguard.rules._common import NameList, NonNegative, RegexList, finite, select
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import (
+    NameList,
+    NonNegative,
+    RegexList,
+    finite,
+    missing_statistic,
+    select,
+    tensor_input,
+)
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 _INTEGER_DTYPES = ("int", "uint", "bool")
 
@@ -20,6 +28,9 @@ class DataNotNormalizedConfig(RuleConfig):
 
 class DataNotNormalizedState(RuleState):
     tensors_checked: int = 0
+    tensors_seen: int = 0
+    #: of those, integer or boolean tensors (token ids, masks): not judged
+    integer_tensors: int = 0
 
 
 class DataNotNormalized(Rule[DataNotNormalizedConfig, DataNotNormalizedState]):
@@ -42,6 +53,30 @@ class DataNotNormalized(Rule[DataNotNormalizedConfig, DataNotNormalizedState]):
     summary = "Model inputs are not normalised (mean or spread far from a unit scale)."
     advice = "Standardise the inputs (subtract the mean, divide by the std) or scale them to [0, 1]."
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return (
+            tensor_input(
+                cfg.collection_names,
+                cfg.tensor_regex,
+                ("numel", "mean", "std"),
+                default_collections=("inputs",),
+                what=None if cfg.collection_names or cfg.tensor_regex else "model inputs",
+            ),
+        )
+
+    def coverage(self, state: DataNotNormalizedState) -> Coverage:
+        reason = missing_statistic(
+            state.tensors_seen - state.integer_tensors, "floating-point inputs", "mean", "std"
+        )
+        if state.tensors_seen and state.tensors_seen == state.integer_tensors:
+            reason = (
+                f"the {state.tensors_seen:,} inputs that arrived are integer tensors (ids, masks): not judged"
+            )
+        return self.covered(
+            state.tensors_checked, "input tensors", received=[state.tensors_seen], reason=reason
+        )
+
     def update(
         self, state: DataNotNormalizedState, step: StepData
     ) -> tuple[DataNotNormalizedState, list[Finding]]:
@@ -49,10 +84,15 @@ class DataNotNormalized(Rule[DataNotNormalizedConfig, DataNotNormalizedState]):
         for view, stats in select(
             step, cfg.collection_names, cfg.tensor_regex, default_collections=("inputs",)
         ):
+            state.tensors_seen += 1
             dtype = view.record.dtype.lower()
+            if dtype.startswith(_INTEGER_DTYPES):
+                state.integer_tensors += 1
+                continue
             if (
-                stats.numel == 0
-                or dtype.startswith(_INTEGER_DTYPES)
+                not stats.numel
+                or stats.mean is None
+                or stats.std is None
                 or not (finite(stats.mean) and finite(stats.std))
             ):
                 continue

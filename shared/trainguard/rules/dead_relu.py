@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from trainguard.rules._common import Percent, Regex
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import Percent, Regex, missing_statistic
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+
+#: SageMaker's default ``tensor_regex``: the names of the hook's ``relu_output`` collection
+DEFAULT_REGEX = ".*relu_output"
 
 
 class DeadReluConfig(RuleConfig):
-    tensor_regex: Regex = ".*relu_output"
+    tensor_regex: Regex = DEFAULT_REGEX
     threshold_inactivity: Percent = 1.0
     threshold_layer: Percent = 50.0
 
@@ -15,6 +18,8 @@ class DeadReluConfig(RuleConfig):
 class DeadReluState(RuleState):
     #: layers examined so far; 0 at the end means no tensor carried ``unit_active``
     layers_checked: int = 0
+    #: tensors matching the regex (with or without ``unit_active``)
+    tensors_seen: int = 0
 
 
 def inactive_share(unit_fractions: list[float], threshold_percent: float) -> float:
@@ -46,9 +51,24 @@ class DeadRelu(Rule[DeadReluConfig, DeadReluState]):
         "bias init (small positive), and normalise the inputs."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        regex = self.config.tensor_regex
+        # the default regex names the relu_output collection's tensors: turn that collection on
+        source = ("relu_output",) if regex == DEFAULT_REGEX else ()
+        return (RuleInput("ReLU outputs", collections=source, regex=(regex,), statistics=("unit_active",)),)
+
+    def coverage(self, state: DeadReluState) -> Coverage:
+        return self.covered(
+            state.layers_checked,
+            "ReLU layer outputs",
+            received=[state.tensors_seen],
+            reason=missing_statistic(state.tensors_seen, "tensors", "unit_active"),
+        )
+
     def update(self, state: DeadReluState, step: StepData) -> tuple[DeadReluState, list[Finding]]:
         cfg = self.config
         for view in step.tensors(regex=cfg.tensor_regex):
+            state.tensors_seen += 1
             stats = view.stats
             if stats is None or not stats.unit_active:
                 continue

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-import re
-
 from trainguard.rules._common import PositiveInt, Probability, RegexList, finite
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import (
+    Coverage,
+    Finding,
+    Rule,
+    RuleConfig,
+    RuleInput,
+    RuleState,
+    StepData,
+    compiled,
+    fmt,
+)
+
+#: SageMaker's default: the scalars the XGBoost hook saves in ``feature_importance``
+DEFAULT_REGEX = ".*feature_importance/weight"
 
 
 class FeatureImportanceOverweightConfig(RuleConfig):
     threshold: Probability = 0.8
     nfeatures: PositiveInt = 3
-    tensor_regex: RegexList = (".*feature_importance/weight",)
+    tensor_regex: RegexList = (DEFAULT_REGEX,)
 
 
 class FeatureImportanceOverweightState(RuleState):
     steps_judged: int = 0
+    #: importances received (scalars, or tensor elements)
+    importances_seen: int = 0
 
 
 class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, FeatureImportanceOverweightState]):
@@ -40,6 +53,35 @@ class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, Featur
         "(colsample_bytree, subsample, max_depth) or engineer more informative features."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        regex = tuple(self.config.tensor_regex or ())
+        source = ("feature_importance",) if regex == (DEFAULT_REGEX,) else ()
+        # importances arrive as scalars (the XGBoost hook) or as tensors: either suffices
+        return (
+            RuleInput("feature importances", collections=source, regex=regex, scalars=True, required=False),
+            RuleInput(
+                "feature importances saved as tensors",
+                regex=regex,
+                statistics=("numel", "mean", "values"),
+                required=False,
+            ),
+        )
+
+    def coverage(self, state: FeatureImportanceOverweightState) -> Coverage:
+        reason = ""
+        if state.importances_seen:
+            reason = (
+                f"{state.importances_seen:,} importances arrived, but no step had more than "
+                f"nfeatures={self.config.nfeatures} features with a positive total"
+            )
+        return self.covered(
+            state.steps_judged,
+            "steps of feature importances",
+            "judged",
+            received=[state.importances_seen] * 2,
+            reason=reason,
+        )
+
     def update(
         self, state: FeatureImportanceOverweightState, step: StepData
     ) -> tuple[FeatureImportanceOverweightState, list[Finding]]:
@@ -47,7 +89,7 @@ class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, Featur
         groups: dict[tuple[int, str], dict[str, float]] = {}
         patterns = cfg.tensor_regex or ()
         for mode, name, worker, sc in step.scalars():
-            if any(re.match(p, name) for p in patterns):
+            if any(compiled(p).match(name) for p in patterns):
                 groups.setdefault((worker, mode), {})[name] = sc.value
         for view in step.tensors(regex=patterns):
             stats = view.stats
@@ -57,8 +99,9 @@ class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, Featur
             if stats.values is not None:
                 for i, v in enumerate(stats.values):
                     group[f"{view.name}[{i}]"] = v
-            elif stats.numel == 1:
+            elif stats.numel == 1 and stats.mean is not None:
                 group[view.name] = stats.mean
+        state.importances_seen += sum(len(g) for g in groups.values())
         for (worker, group_mode), importances in sorted(groups.items()):
             valid = {k: v for k, v in importances.items() if finite(v) and v >= 0}
             total = sum(valid.values())

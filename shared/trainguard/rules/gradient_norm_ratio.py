@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from trainguard.rules._common import NameList, NonNegative, RegexList, finite, select
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, TensorView, fmt
+from trainguard.rules._common import NameList, NonNegative, RegexList, finite, select, tensor_input
+from trainguard.rules.base import (
+    Coverage,
+    Finding,
+    Rule,
+    RuleConfig,
+    RuleInput,
+    RuleState,
+    StepData,
+    TensorView,
+    fmt,
+)
 
 
 class GradientNormRatioConfig(RuleConfig):
@@ -25,6 +35,7 @@ class GradientNormRatioConfig(RuleConfig):
 
 class GradientNormRatioState(RuleState):
     steps_judged: int = 0
+    tensors_seen: int = 0
 
 
 class GradientNormRatio(Rule[GradientNormRatioConfig, GradientNormRatioState]):
@@ -48,14 +59,43 @@ class GradientNormRatio(Rule[GradientNormRatioConfig, GradientNormRatioState]):
         "initialisation. Exploding: clip gradients and lower the learning rate."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return (
+            tensor_input(
+                cfg.collection_names,
+                cfg.tensor_regex,
+                ("l2",),
+                default_collections=("gradients",),
+                what=None if cfg.collection_names or cfg.tensor_regex else "gradients",
+            ),
+        )
+
+    def coverage(self, state: GradientNormRatioState) -> Coverage:
+        reason = ""
+        if state.tensors_seen:
+            reason = (
+                f"{state.tensors_seen:,} gradient tensors arrived, but no step had two with a finite 'l2' "
+                "statistic and a non-zero last-layer norm on one worker"
+            )
+        return self.covered(
+            state.steps_judged,
+            "first/last-layer gradient ratios",
+            received=[state.tensors_seen],
+            reason=reason,
+        )
+
     def update(
         self, state: GradientNormRatioState, step: StepData
     ) -> tuple[GradientNormRatioState, list[Finding]]:
         cfg = self.config
         by_worker: dict[tuple[int, str], list[TensorView]] = {}
-        for view, _ in select(
+        for view, stats in select(
             step, cfg.collection_names, cfg.tensor_regex, default_collections=("gradients",)
         ):
+            state.tensors_seen += 1
+            if stats.l2 is None:
+                continue  # not computed: not a layer this step can compare
             by_worker.setdefault((view.worker, view.mode), []).append(view)
         for (worker, mode), views in by_worker.items():
             weights = [v for v in views if "weight" in v.name]
@@ -65,7 +105,7 @@ class GradientNormRatio(Rule[GradientNormRatioConfig, GradientNormRatioState]):
             first, last = chosen[0], chosen[-1]
             assert first.stats is not None and last.stats is not None
             g_first, g_last = first.stats.l2, last.stats.l2
-            if not (finite(g_first) and finite(g_last)) or g_last == 0:
+            if g_first is None or g_last is None or not (finite(g_first) and finite(g_last)) or g_last == 0:
                 continue
             state.steps_judged += 1
             ratio = g_first / g_last

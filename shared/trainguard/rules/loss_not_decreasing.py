@@ -11,10 +11,11 @@ from trainguard.rules._common import (
     NonNegative,
     PositiveInt,
     RegexList,
+    loss_inputs,
     loss_value,
     mode_step,
 )
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: at most this many saved losses are kept per mode between two checks (see ``_prune``)
 MAX_WINDOW = 64
@@ -43,6 +44,9 @@ class Track(BaseModel):
 
 class LossNotDecreasingState(RuleState):
     tracks: dict[str, Track] = Field(default_factory=dict)
+    #: comparisons made, and losses received
+    checks: int = 0
+    losses_seen: int = 0
 
 
 class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
@@ -82,11 +86,36 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
         "(shuffled, labels aligned); stop the job if the loss has plateaued."
     )
 
+    def _modes(self) -> tuple[Mode, ...]:
+        return (self.config.mode,) if self.config.mode else MODE_PRIORITY
+
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return loss_inputs(
+            self._modes(),
+            collections=cfg.collection_names,
+            regex=cfg.tensor_regex,
+            use_losses_collection=cfg.use_losses_collection,
+        )
+
+    def coverage(self, state: LossNotDecreasingState) -> Coverage:
+        modes = "/".join(state.tracks) or "/".join(self._modes())
+        received = [state.losses_seen] + [state.losses_seen] * (len(self.reads()) - 1)
+        reason = (
+            f"{state.losses_seen:,} losses arrived but never two at least num_steps="
+            f"{self.config.num_steps} steps apart in one mode"
+            if state.losses_seen
+            else ""
+        )
+        return self.covered(
+            state.checks, f"windows of {modes} loss", "compared", received=received, reason=reason
+        )
+
     def update(
         self, state: LossNotDecreasingState, step: StepData
     ) -> tuple[LossNotDecreasingState, list[Finding]]:
         cfg = self.config
-        candidates: tuple[Mode, ...] = (cfg.mode,) if cfg.mode else MODE_PRIORITY
+        candidates = self._modes()
         losses: dict[Mode, float] = {}
         for mode in candidates:
             value = loss_value(
@@ -107,8 +136,12 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             state.tracks.pop(mode, None)
         if chosen not in losses:
             return state, []
+        state.losses_seen += 1
         track = state.tracks.setdefault(chosen, Track())
+        before = track.last_check
         finding = self._observe(track, mode_step(step, chosen), losses[chosen], step.step, chosen)
+        if before is not None and track.last_check != before:
+            state.checks += 1
         return state, [finding] if finding else []
 
     def _observe(self, track: Track, s: int, loss: float, global_step: int, mode: Mode) -> Finding | None:

@@ -7,12 +7,19 @@ from typing import Annotated
 from pydantic import BeforeValidator, model_validator
 
 from trainguard.format.documents import MAX_VALUE_COUNTS, TensorStats
-from trainguard.rules._common import Regex, finite, split_list
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import Regex, finite, select, split_list
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+
+#: SageMaker's default ``tensor_regex``: MXNet Gluon's name for an embedding block's input
+SAGEMAKER_REGEX = ".*embedding0_input_0"
+#: trainguard's default selection: the model inputs the hook saves (``model_input_<i>``)
+DEFAULT_COLLECTIONS = ("inputs",)
+_INTEGER_DTYPES = ("int", "uint")
 
 
 class NLPSequenceRatioConfig(RuleConfig):
-    tensor_regex: Regex = ".*embedding0_input_0"
+    #: None: integer tensors of the ``inputs`` collection (see the rule's docstring)
+    tensor_regex: Regex | None = None
     token_values: Annotated[tuple[int, ...], BeforeValidator(split_list)] = (0,)
     token_thresholds_percent: Annotated[tuple[float, ...], BeforeValidator(split_list)] = (50.0,)
 
@@ -31,6 +38,9 @@ class NLPSequenceRatioConfig(RuleConfig):
 
 class NLPSequenceRatioState(RuleState):
     tensors_checked: int = 0
+    tensors_seen: int = 0
+    #: (tensor, token) shares judged
+    shares_judged: int = 0
     #: tensors that carried neither ``values`` nor a usable ``value_counts``
     undecidable: int = 0
 
@@ -57,6 +67,12 @@ class NLPSequenceRatio(Rule[NLPSequenceRatioConfig, NLPSequenceRatioState]):
     worker and mode: the ``values`` statistic when the hook sent the tensor whole, else
     ``value_counts`` (the hook's counts of the most frequent values; when it is truncated a
     token missing from it cannot be judged, and when a token is present its share is exact).
+
+    Default selection: SageMaker's ``tensor_regex`` default, ``.*embedding0_input_0``, is MXNet
+    Gluon's name for an embedding block's input, which no trainguard hook writes (the rule saw
+    nothing in any job). trainguard's default (``tensor_regex`` None) is the integer tensors of
+    the ``inputs`` collection (``model_input_<i>``: token ids). Given explicitly, SageMaker's
+    regex keeps its meaning.
     """
 
     name = "NLPSequenceRatio"
@@ -68,13 +84,39 @@ class NLPSequenceRatio(Rule[NLPSequenceRatioConfig, NLPSequenceRatioState]):
         "check the tokenizer's unknown-token rate."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        regex = self.config.tensor_regex
+        return (
+            RuleInput(
+                "token-id inputs" if regex is None else f"tensors matching {regex!r}",
+                collections=DEFAULT_COLLECTIONS if regex is None else (),
+                regex=(regex,) if regex is not None else (),
+                statistics=("numel", "values", "value_counts"),
+            ),
+        )
+
+    def coverage(self, state: NLPSequenceRatioState) -> Coverage:
+        reason = ""
+        if state.tensors_seen:
+            reason = (
+                f"{state.tensors_seen:,} input tensors arrived ({state.undecidable:,} token counts "
+                "undecidable: no 'values' and a truncated 'value_counts'); integer token ids with 'numel' "
+                "are needed"
+            )
+        return self.covered(
+            state.shares_judged, "token shares", "judged", received=[state.tensors_seen], reason=reason
+        )
+
     def update(
         self, state: NLPSequenceRatioState, step: StepData
     ) -> tuple[NLPSequenceRatioState, list[Finding]]:
         cfg = self.config
-        for view in step.tensors(regex=cfg.tensor_regex):
-            stats = view.stats
-            if stats is None or stats.numel == 0:
+        regex = (cfg.tensor_regex,) if cfg.tensor_regex is not None else None
+        for view, stats in select(step, None, regex, default_collections=DEFAULT_COLLECTIONS):
+            if regex is None and not view.record.dtype.lower().startswith(_INTEGER_DTYPES):
+                continue  # the default selection: token ids only (float inputs are not tokens)
+            state.tensors_seen += 1
+            if not stats.numel:
                 continue
             state.tensors_checked += 1
             for i, token in enumerate(cfg.token_values):
@@ -82,6 +124,7 @@ class NLPSequenceRatio(Rule[NLPSequenceRatioConfig, NLPSequenceRatioState]):
                 if count is None:
                     state.undecidable += 1
                     continue
+                state.shares_judged += 1
                 share = 100.0 * count / stats.numel
                 threshold = cfg.threshold(i)
                 if share > threshold:

@@ -5,8 +5,16 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainguard.format.documents import Mode
-from trainguard.rules._common import NonNegative, Percent, PositiveInt, RegexList, finite, loss_value
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import (
+    NonNegative,
+    Percent,
+    PositiveInt,
+    RegexList,
+    finite,
+    loss_inputs,
+    loss_value,
+)
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
 class OscillatingLossConfig(RuleConfig):
@@ -29,6 +37,9 @@ class OscillatingLossState(RuleState):
     direction: int = 0
     #: one character per recent evaluation: "1" a swing, "0" not (bounded by ``window``)
     recent: str = ""
+    #: losses received, and judgements made (once min_evaluations were seen)
+    losses_seen: int = 0
+    judgements: int = 0
 
 
 class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
@@ -49,6 +60,28 @@ class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
     summary = "The loss oscillates (reverses by >= swing) in too many evaluations."
     advice = "Lower the learning rate, increase the batch size, or add learning-rate warm-up/decay."
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return loss_inputs(
+            (cfg.mode,), regex=cfg.tensor_regex, use_losses_collection=cfg.use_losses_collection
+        )
+
+    def coverage(self, state: OscillatingLossState) -> Coverage:
+        reason = ""
+        if state.losses_seen:
+            reason = (
+                f"{state.losses_seen:,} finite {self.config.mode} losses arrived, fewer than "
+                f"min_evaluations={self.config.min_evaluations} changes"
+            )
+        received = [state.losses_seen] * len(self.reads())
+        return self.covered(
+            state.judgements,
+            f"windows of {self.config.mode} loss",
+            "judged",
+            received=received,
+            reason=reason,
+        )
+
     def update(
         self, state: OscillatingLossState, step: StepData
     ) -> tuple[OscillatingLossState, list[Finding]]:
@@ -58,6 +91,7 @@ class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
         )
         if loss is None or not finite(loss):
             return state, []
+        state.losses_seen += 1
         if state.last is None:
             state.last = loss
             return state, []
@@ -70,6 +104,7 @@ class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
         state.last = loss
         n = len(state.recent)
         share = 100.0 * state.recent.count("1") / n
+        state.judgements += n >= cfg.min_evaluations
         if n >= cfg.min_evaluations and share >= cfg.swing_percent:
             return state, [
                 self.finding(

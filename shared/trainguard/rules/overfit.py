@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainguard.rules._common import NonNegative, PositiveInt, RegexList, loss_value
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import NonNegative, PositiveInt, RegexList, loss_inputs, loss_value
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
 class OverfitConfig(RuleConfig):
@@ -25,6 +25,9 @@ class OverfitState(RuleState):
     #: consecutive evaluations over the threshold
     over: int = 0
     evaluations: int = 0
+    #: losses received per mode
+    train_seen: int = 0
+    eval_seen: int = 0
 
 
 class Overfit(Rule[OverfitConfig, OverfitState]):
@@ -53,6 +56,28 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
         "model, or stop earlier (keep the best checkpoint by validation loss)."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        use_losses = cfg.tensor_regex is None
+        return (
+            *loss_inputs(("TRAIN",), regex=cfg.tensor_regex, use_losses_collection=use_losses),
+            *loss_inputs(("EVAL",), regex=cfg.tensor_regex, use_losses_collection=use_losses),
+        )
+
+    def coverage(self, state: OverfitState) -> Coverage:
+        per_mode = len(self.reads()) // 2
+        received = [state.train_seen] * per_mode + [state.eval_seen] * per_mode
+        reason = ""
+        if state.train_seen and state.eval_seen:
+            reason = "no evaluation had a training phase with a non-zero mean loss before it"
+        return self.covered(
+            state.evaluations,
+            "evaluations (EVAL vs TRAIN loss)",
+            "compared",
+            received=received,
+            reason=reason,
+        )
+
     def update(self, state: OverfitState, step: StepData) -> tuple[OverfitState, list[Finding]]:
         cfg = self.config
         if step.step < cfg.start_step:
@@ -60,6 +85,8 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
         use_losses = cfg.tensor_regex is None
         train = loss_value(step, "TRAIN", regex=cfg.tensor_regex, use_losses_collection=use_losses)
         val = loss_value(step, "EVAL", regex=cfg.tensor_regex, use_losses_collection=use_losses)
+        state.train_seen += train is not None
+        state.eval_seen += val is not None
         findings: list[Finding] = []
         if val is None and train is not None and state.eval_n:
             findings = self._close(state)

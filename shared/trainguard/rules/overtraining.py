@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from trainguard.format.documents import Mode
-from trainguard.rules._common import NonNegative, PositiveInt, finite, loss_value
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import NonNegative, PositiveInt, finite, loss_inputs, loss_value
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
 class OvertrainingConfig(RuleConfig):
@@ -18,6 +18,9 @@ class OvertrainingState(RuleState):
     stale_train: int = 0
     best_validation: float | None = None
     stale_validation: int = 0
+    #: losses judged per mode
+    train_seen: int = 0
+    eval_seen: int = 0
 
 
 class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
@@ -40,6 +43,20 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
         "or add regularisation if the validation loss is rising."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        # either loss alone is a check (a job without validation is judged on training)
+        return (
+            *loss_inputs(("TRAIN",), required=False, what="TRAIN (training) losses"),
+            *loss_inputs(("EVAL",), required=False, what="EVAL (validation) losses"),
+        )
+
+    def coverage(self, state: OvertrainingState) -> Coverage:
+        return self.covered(
+            state.train_seen + state.eval_seen,
+            "losses",
+            received=[state.train_seen, state.eval_seen],
+        )
+
     def update(self, state: OvertrainingState, step: StepData) -> tuple[OvertrainingState, list[Finding]]:
         cfg = self.config
         checks: tuple[tuple[Mode, int], ...] = (
@@ -50,6 +67,10 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
             loss = loss_value(step, mode)
             if loss is None:
                 continue
+            if mode == "TRAIN":
+                state.train_seen += 1
+            else:
+                state.eval_seen += 1
             finding = self._observe(state, mode, loss, patience, step.step)
             if finding:
                 return state, [finding]

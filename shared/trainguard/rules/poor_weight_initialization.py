@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
-from trainguard.rules._common import NonNegative, PositiveInt, Regex, finite, loss_value
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import NonNegative, PositiveInt, Regex, finite, loss_inputs, loss_value
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+
+#: SageMaker's default ``activation_inputs_regex``: the hook's ``relu_input`` collection
+DEFAULT_REGEX = ".*relu_input"
 
 
 class PoorWeightInitializationConfig(RuleConfig):
-    activation_inputs_regex: Regex = ".*relu_input"
+    activation_inputs_regex: Regex = DEFAULT_REGEX
     threshold: NonNegative = 10.0
     distribution_range: NonNegative = 0.001
     patience: PositiveInt = 5
@@ -21,6 +24,10 @@ class PoorWeightInitializationState(RuleState):
     steps_seen: int = 0
     best_loss: float | None = None
     stale: int = 0
+    #: judgements per check: variance ratios, gradient spreads, losses
+    variance_checks: int = 0
+    spread_checks: int = 0
+    loss_checks: int = 0
 
 
 class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightInitializationState]):
@@ -48,6 +55,29 @@ class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightIn
         "check biases start near zero, and add normalisation layers."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        regex = self.config.activation_inputs_regex
+        source = ("relu_input",) if regex == DEFAULT_REGEX else ()
+        # any one of the three checks is a check of the initialisation
+        return (
+            RuleInput(
+                "activation inputs",
+                collections=source,
+                regex=(regex,),
+                statistics=("numel", "std"),
+                required=False,
+            ),
+            RuleInput("gradients", collections=("gradients",), statistics=("percentiles",), required=False),
+            *loss_inputs(("TRAIN",), required=False),
+        )
+
+    def coverage(self, state: PoorWeightInitializationState) -> Coverage:
+        return self.covered(
+            state.variance_checks + state.spread_checks + state.loss_checks,
+            "activation variances, gradient spreads and losses",
+            received=[state.variance_checks, state.spread_checks, state.loss_checks],
+        )
+
     def update(
         self, state: PoorWeightInitializationState, step: StepData
     ) -> tuple[PoorWeightInitializationState, list[Finding]]:
@@ -61,10 +91,13 @@ class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightIn
                 for v in step.tensors(regex=cfg.activation_inputs_regex)
                 if v.worker == worker.worker
                 and v.stats is not None
+                and v.stats.numel is not None
                 and v.stats.numel > 1
+                and v.stats.std is not None
                 and finite(v.stats.std)
             ]
             if len(variances) >= 2:
+                state.variance_checks += 1
                 (hi_name, hi), (lo_name, lo) = (
                     max(variances, key=lambda x: x[1]),
                     min(variances, key=lambda x: x[1]),
@@ -88,6 +121,7 @@ class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightIn
             if not pct or "5" not in pct or "95" not in pct:
                 continue
             spread = pct["95"] - pct["5"]
+            state.spread_checks += 1
             if finite(spread) and spread < cfg.distribution_range:
                 return state, [
                     self.finding(
@@ -102,6 +136,7 @@ class PoorWeightInitialization(Rule[PoorWeightInitializationConfig, PoorWeightIn
                 ]
         loss = loss_value(step, "TRAIN")
         if loss is not None:
+            state.loss_checks += 1
             if finite(loss) and (state.best_loss is None or loss < state.best_loss):
                 state.best_loss, state.stale = loss, 0
             else:

@@ -6,14 +6,18 @@ import math
 
 from pydantic import model_validator
 
-from trainguard.rules._common import Finite, NameList, Percent, RegexList
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import Finite, NameList, Percent, RegexList, missing_statistic
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 from trainguard.rules.dead_relu import inactive_share
+
+#: SageMaker's default ``tensor_regex`` (one regex, two alternatives): the hook's
+#: ``tanh_input`` and ``sigmoid_input`` collections
+DEFAULT_REGEX = ".*tanh_input|.*sigmoid_input"
 
 
 class SaturatedActivationConfig(RuleConfig):
     collection_names: NameList = None
-    tensor_regex: RegexList = (".*tanh_input|.*sigmoid_input",)
+    tensor_regex: RegexList = (DEFAULT_REGEX,)
     threshold_tanh_min: Finite = -9.4999
     threshold_tanh_max: Finite = 9.4999
     threshold_sigmoid_min: Finite = -23.0
@@ -34,6 +38,7 @@ class SaturatedActivationState(RuleState):
     layers_checked: int = 0
     #: layers skipped because the hook's band differs from the configured one
     band_mismatches: int = 0
+    tensors_seen: int = 0
 
 
 class SaturatedActivation(Rule[SaturatedActivationConfig, SaturatedActivationState]):
@@ -60,11 +65,36 @@ class SaturatedActivation(Rule[SaturatedActivationConfig, SaturatedActivationSta
         "learning rate, or switch to non-saturating activations."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        regex = tuple(cfg.tensor_regex or ())
+        source = ("tanh_input", "sigmoid_input") if regex == (DEFAULT_REGEX,) else ()
+        return (
+            RuleInput(
+                "tanh/sigmoid inputs",
+                collections=tuple(dict.fromkeys((*(cfg.collection_names or ()), *source))),
+                regex=regex,
+                statistics=("unit_in_band", "band"),
+            ),
+        )
+
+    def coverage(self, state: SaturatedActivationState) -> Coverage:
+        reason = missing_statistic(state.tensors_seen, "tensors", "unit_in_band")
+        if state.band_mismatches:
+            reason = (
+                f"{state.band_mismatches:,} activation inputs were measured with a band other than "
+                "the configured thresholds (set the hook's tanh_input/sigmoid_input unit_band to them)"
+            )
+        return self.covered(
+            state.layers_checked, "activation layer inputs", received=[state.tensors_seen], reason=reason
+        )
+
     def update(
         self, state: SaturatedActivationState, step: StepData
     ) -> tuple[SaturatedActivationState, list[Finding]]:
         cfg = self.config
         for view in step.tensors(collections=cfg.collection_names, regex=cfg.tensor_regex):
+            state.tensors_seen += 1
             stats = view.stats
             if stats is None or not stats.unit_in_band or stats.band is None:
                 continue

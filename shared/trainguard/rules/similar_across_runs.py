@@ -11,9 +11,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from trainguard.rules._common import NameList, RegexList, select, split_list
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
-from trainguard.rules.unchanged_tensor import allclose, fingerprint
+from trainguard.rules._common import NameList, RegexList, select, split_list, tensor_input
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+from trainguard.rules.unchanged_tensor import FINGERPRINT, allclose, fingerprint
 
 RTOL = 1e-5
 ATOL = 1e-8
@@ -59,6 +59,24 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
         "non-deterministic kernels (torch.use_deterministic_algorithms) and hyperparameters."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        cfg = self.config
+        return (tensor_input(cfg.collection_names, cfg.tensor_regex, FINGERPRINT),)
+
+    def coverage(self, state: SimilarAcrossRunsState) -> Coverage:
+        reason = ""
+        if state.steps_compared:
+            reason = (
+                f"{state.steps_compared:,} steps were matched with job {self.config.other_job} but no "
+                "selected tensor with min/max/mean/l2 was saved by both at the same step, mode and worker"
+            )
+        elif not reason:
+            reason = (
+                f"no step of job {self.config.other_job} was found at the steps this job saved (is it "
+                "written under the same bucket, and readable?)"
+            )
+        return self.covered(state.tensors_compared, "tensors compared across jobs", "compared", reason=reason)
+
     def update(
         self, state: SimilarAcrossRunsState, step: StepData
     ) -> tuple[SimilarAcrossRunsState, list[Finding]]:
@@ -78,8 +96,10 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
             other_stats = theirs.get((view.worker, view.mode, view.name))
             if other_stats is None:
                 continue
-            state.tensors_compared += 1
             a, b = fingerprint(stats), fingerprint(other_stats)
+            if a is None or b is None:
+                continue  # not computed on one side: not compared
+            state.tensors_compared += 1
             if not allclose(a, b, RTOL, ATOL, equal_nan=True):
                 diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
                 return state, [

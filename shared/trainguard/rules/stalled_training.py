@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainguard.rules._common import PositiveInt
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleState, StepData, fmt
 
 
 class StalledTrainingRuleConfig(RuleConfig):
@@ -23,6 +23,8 @@ class StalledTrainingRuleState(RuleState):
     #: the newest step seen and when it was written (the hook's wall clock, seconds)
     last_step: int | None = None
     last_time: float | None = None
+    #: steps whose arrival was timed
+    steps_seen: int = 0
 
 
 class StalledTrainingRule(Rule[StalledTrainingRuleConfig, StalledTrainingRuleState]):
@@ -49,9 +51,14 @@ class StalledTrainingRule(Rule[StalledTrainingRuleConfig, StalledTrainingRuleSta
         "stop it to stop paying for idle instances."
     )
 
+    def coverage(self, state: StalledTrainingRuleState) -> Coverage:
+        reason = "" if state.steps_seen else "the job wrote no step, so no gap between steps could be timed"
+        return self.covered(state.steps_seen, "steps' write times", "timed", reason=reason)
+
     def update(
         self, state: StalledTrainingRuleState, step: StepData
     ) -> tuple[StalledTrainingRuleState, list[Finding]]:
+        state.steps_seen += 1
         if state.last_step is None or step.step >= state.last_step:
             state.last_step = step.step
         if state.last_time is None or step.wall_time > state.last_time:

@@ -8,10 +8,11 @@ import re
 from pydantic import Field
 
 from trainguard.rules._common import finite
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: smdebug's XGBoost hook saves ``trees_to_dataframe()`` columns as ``trees/<column>``
-NODE_TENSOR = re.compile(r"(.*/)?trees/Node$")
+NODE_REGEX = r"(.*/)?trees/Node$"
+NODE_TENSOR = re.compile(NODE_REGEX)
 
 
 class TreeDepthConfig(RuleConfig):
@@ -20,6 +21,8 @@ class TreeDepthConfig(RuleConfig):
 
 class TreeDepthState(RuleState):
     deepest: int | None = None
+    #: steps whose node ids were judged
+    steps_judged: int = 0
 
 
 def depth_of_node(node_id: int) -> int:
@@ -45,16 +48,31 @@ class TreeDepth(Rule[TreeDepthConfig, TreeDepthState]):
     summary = "XGBoost trees are deeper than depth."
     advice = "Lower max_depth, raise min_child_weight or gamma, or add regularisation (lambda, alpha)."
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        return (
+            RuleInput(
+                "XGBoost tree node ids",
+                collections=("trees",),
+                regex=(NODE_REGEX,),
+                statistics=("numel", "max"),
+            ),
+            RuleInput("XGBoost tree node ids", regex=(NODE_REGEX,), scalars=True, required=False),
+        )
+
+    def coverage(self, state: TreeDepthState) -> Coverage:
+        return self.covered(state.steps_judged, "steps of tree node ids", received=[state.steps_judged] * 2)
+
     def update(self, state: TreeDepthState, step: StepData) -> tuple[TreeDepthState, list[Finding]]:
         ids: list[tuple[str, float]] = [
             (v.name, v.stats.max)
             for v in step.tensors()
-            if NODE_TENSOR.match(v.name) and v.stats is not None and v.stats.numel > 0
+            if NODE_TENSOR.match(v.name) and v.stats is not None and v.stats.numel and v.stats.max is not None
         ]
         ids += [(name, sc.value) for _, name, _, sc in step.scalars() if NODE_TENSOR.match(name)]
         ids = [(n, v) for n, v in ids if finite(v) and v >= 0]
         if not ids:
             return state, []
+        state.steps_judged += 1
         name, largest = max(ids, key=lambda x: x[1])
         deepest = depth_of_node(int(largest))
         state.deepest = max(deepest, state.deepest or 0)

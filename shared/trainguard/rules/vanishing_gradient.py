@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainguard.rules._common import NonNegative, finite
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules._common import NonNegative, finite, missing_statistic
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
 class VanishingGradientConfig(RuleConfig):
@@ -13,6 +13,8 @@ class VanishingGradientConfig(RuleConfig):
 class VanishingGradientState(RuleState):
     #: gradient tensors examined so far (0 at the end: the job saved no gradients)
     tensors_checked: int = 0
+    #: gradient tensors received (with or without the statistic)
+    tensors_seen: int = 0
 
 
 class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
@@ -34,13 +36,25 @@ class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
         "is connected to the loss."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        return (RuleInput("gradients", collections=("gradients",), statistics=("numel", "mean_abs")),)
+
+    def coverage(self, state: VanishingGradientState) -> Coverage:
+        return self.covered(
+            state.tensors_checked,
+            "gradient tensors",
+            received=[state.tensors_seen],
+            reason=missing_statistic(state.tensors_seen, "gradient tensors", "mean_abs"),
+        )
+
     def update(
         self, state: VanishingGradientState, step: StepData
     ) -> tuple[VanishingGradientState, list[Finding]]:
         threshold = self.config.threshold
         for view in step.tensors(collections=["gradients"]):
+            state.tensors_seen += 1
             stats = view.stats
-            if stats is None or stats.numel == 0 or not finite(stats.mean_abs):
+            if stats is None or not stats.numel or stats.mean_abs is None or not finite(stats.mean_abs):
                 continue
             state.tensors_checked += 1
             if stats.mean_abs < threshold:

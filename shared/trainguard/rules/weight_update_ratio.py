@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import math
 
 from pydantic import Field, model_validator
 
 from trainguard.rules._common import NonNegative, PositiveInt
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: weight tensors whose previous norm the state keeps (the first ones in the header's order)
 MAX_TRACKED = 256
@@ -33,6 +34,11 @@ class WeightUpdateRatioState(RuleState):
     prev_l2: list[float] = Field(default_factory=list)
     names: str = ""
     untracked: int = 0
+    #: update ratios judged; weight tensors received
+    ratios_checked: int = 0
+    tensors_seen: int = 0
+    #: of those, without ``l2`` or ``update_l2``
+    without_norms: int = 0
 
 
 class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
@@ -64,6 +70,21 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
         "learning rate, check the layer receives gradients and is not unintentionally frozen."
     )
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        return (RuleInput("weights", collections=("weights",), statistics=("l2", "update_l2")),)
+
+    def coverage(self, state: WeightUpdateRatioState) -> Coverage:
+        reason = ""
+        if state.tensors_seen:
+            reason = (
+                f"{state.tensors_seen:,} weight tensors arrived ({state.without_norms:,} without the 'l2' "
+                "or 'update_l2' statistic); a ratio needs the same weights saved twice, within "
+                f"num_steps={self.config.num_steps} steps when it is set"
+            )
+        return self.covered(
+            state.ratios_checked, "weight update ratios", received=[state.tensors_seen], reason=reason
+        )
+
     def update(
         self, state: WeightUpdateRatioState, step: StepData
     ) -> tuple[WeightUpdateRatioState, list[Finding]]:
@@ -71,6 +92,10 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
         weights = list(step.tensors(collections=["weights"]))
         if not weights:
             return state, []
+        state.tensors_seen += len(weights)
+        state.without_norms += sum(
+            1 for v in weights if v.stats is None or v.stats.l2 is None or v.stats.update_l2 is None
+        )
         worker = min(v.worker for v in weights)
         tracked = [v for v in weights if v.worker == worker and v.stats is not None]
         untracked = max(0, len(tracked) - MAX_TRACKED)
@@ -85,8 +110,9 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
         for view, prev in zip(tracked, state.prev_l2 if near else [], strict=False):
             stats = view.stats
             assert stats is not None
-            if stats.update_l2 is None:
-                continue
+            if stats.update_l2 is None or prev != prev:
+                continue  # not computed (a NaN previous norm stands for an absent one)
+            state.ratios_checked += 1
             ratio = stats.update_l2 / (prev + cfg.epsilon)
             if ratio > cfg.large_threshold:
                 kind, op, bound = "large", ">", cfg.large_threshold
@@ -105,7 +131,10 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
             )
             break
         state.prev_step, state.names, state.untracked = step.step, names, untracked
-        state.prev_l2 = [float(f"{v.stats.l2:.7g}") for v in tracked if v.stats is not None]
+        state.prev_l2 = [
+            float(f"{v.stats.l2:.7g}") if v.stats is not None and v.stats.l2 is not None else math.nan
+            for v in tracked
+        ]
         return state, [finding] if finding else []
 
 
