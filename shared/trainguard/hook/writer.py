@@ -111,6 +111,8 @@ class SegmentWriter:
         self._closed = False
         #: seconds the training thread waited in ``submit`` (backpressure), in total
         self.waited_s = 0.0
+        #: the most bytes the inbox ever held
+        self.peak_bytes = 0
         self.segments = 0
 
     # ------------------------------------------------------------------ training thread
@@ -132,6 +134,7 @@ class SegmentWriter:
                 return False
             self._inbox.append(record)
             self._bytes += record.nbytes
+            self.peak_bytes = max(self.peak_bytes, self._bytes)
             if self._bytes >= self.wake_bytes:
                 self._cond.notify_all()
         return True
@@ -199,12 +202,15 @@ class SegmentWriter:
     # ------------------------------------------------------------------ writer thread
     def _loop(self) -> None:
         lower_priority(self.nice)
+        batch: list[Any] = []
+        done = 0
         try:
             while True:
                 batch, stopping, flush = self._next_batch()
-                for item in batch:
+                for done, item in enumerate(batch):
                     self._handle(item)
                     time.sleep(0)  # yield the GIL between records
+                done = len(batch)
                 if flush:
                     self._deliver(self.builder.close("time"))
                 else:
@@ -213,13 +219,14 @@ class SegmentWriter:
                     self._deliver(self.builder.close("close"))
                     return
         except Exception as exc:  # a bug here must not break training: the hook disables itself
+            lost = sum(1 for item in batch[done:] if isinstance(item, StepRecord))
             with self._cond:
                 self._failed = True
-                dropped = sum(1 for item in self._inbox if isinstance(item, StepRecord))
+                lost += sum(1 for item in self._inbox if isinstance(item, StepRecord))
                 self._inbox.clear()
                 self._bytes = 0
                 self._cond.notify_all()
-            self.drops.add("writer_failed", dropped + self.builder.open_steps)
+            self.drops.add("writer_failed", lost + self.builder.open_steps)
             if self._on_error is not None:
                 self._on_error(exc)
 
