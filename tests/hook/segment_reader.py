@@ -53,6 +53,7 @@ class JobView:
             self._segments = sorted(out, key=lambda s: (s.header.worker, s.header.seq))
         return [s for s in self._segments if worker is None or s.header.worker == worker]
 
+    @property
     def manifest(self) -> Manifest | None:
         try:
             return parse_document(Manifest, self.store.get(layout.MANIFEST))
@@ -83,6 +84,11 @@ class JobView:
                 return st
         raise KeyError(f"step {step} not written by worker {worker}")
 
+    header = step  # the trial API's name for one step's document
+
+    def tensor(self, name: str) -> _Tensor:
+        return _Tensor(self, name)
+
     def mode(self, step: int, mode: str = "TRAIN", worker: int = 0) -> ModeRecord:
         return self.step(step, worker).modes[mode]  # type: ignore[index]
 
@@ -111,10 +117,14 @@ class JobView:
 
     def tensor_steps(self, name: str, mode: str = "TRAIN", worker: int = 0) -> list[int]:
         return [
-            s for s, st, _ in self._steps(worker) if mode in st.modes and name in st.modes[mode].tensors  # type: ignore[index]
+            s
+            for s, st, _ in self._steps(worker)
+            if mode in st.modes and name in st.modes[mode].tensors  # type: ignore[index]
         ]
 
-    def tensor_names(self, step: int | None = None, mode: str | None = None, collection: str | None = None) -> list[str]:
+    def tensor_names(
+        self, step: int | None = None, mode: str | None = None, collection: str | None = None
+    ) -> list[str]:
         names = set()
         for s, st, _ in self._steps():
             if step is not None and s != step:
@@ -140,3 +150,15 @@ class JobView:
             raw, _ = self.store.get_range(seg.key, entry.begin, entry.end)
             return stepfile.decode_tensor(entry, raw)
         raise KeyError(f"step {step} not written by worker {worker}")
+
+
+@dataclass
+class _Tensor:
+    job: JobView
+    name: str
+
+    def stats(self, step: int, mode: str = "TRAIN", worker: int = 0) -> TensorStats:
+        return self.job.stats(self.name, step, mode, worker)
+
+    def steps(self, mode: str = "TRAIN", worker: int = 0) -> list[int]:
+        return self.job.tensor_steps(self.name, mode, worker)

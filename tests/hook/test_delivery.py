@@ -197,7 +197,10 @@ def test_describe_failure_in_plain_words():
     url = "s3://bucket/jobs/j"
     wrapped = StoreError("PUT failed")
     wrapped.__cause__ = client_error("NoSuchBucket")
-    assert describe_failure(url, wrapped) == (True, "cannot write to s3://bucket/jobs/j: the bucket bucket does not exist")
+    assert describe_failure(url, wrapped) == (
+        True,
+        "cannot write to s3://bucket/jobs/j: the bucket bucket does not exist",
+    )
     assert describe_failure(url, client_error("AccessDenied"))[0] is True
     assert "s3:PutObject" in describe_failure(url, client_error("AccessDenied"))[1]
     assert describe_failure(url, NoCredentialsError()) == (

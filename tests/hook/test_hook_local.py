@@ -97,7 +97,7 @@ def test_default_hook_turns_on_what_the_default_rules_read(tmp_path):
 def test_default_rules_are_none_and_job_name_override(tmp_path):
     with trainguard.Hook(tmp_path / "x", job_name="other") as hook:
         hook.save_scalar("loss", 1.0, step=0)
-    manifest = JobView(tmp_path / "x").manifest()
+    manifest = JobView(tmp_path / "x").manifest
     assert manifest.job == "other" and manifest.rules is None
 
 
@@ -213,11 +213,16 @@ def test_hook_without_out_dir_uses_trainguard_out_dir(tmp_path, monkeypatch):
 
 def test_hook_without_out_dir_on_sagemaker(tmp_path, monkeypatch):
     config = tmp_path / "debughookconfig.json"
-    config.write_text(json.dumps({"S3OutputPath": "s3://my-bucket/jobs", "LocalPath": "/opt/ml/output/tensors"}))
+    config.write_text(
+        json.dumps({"S3OutputPath": "s3://my-bucket/jobs", "LocalPath": "/opt/ml/output/tensors"})
+    )
     monkeypatch.delenv("TRAINGUARD_OUT_DIR", raising=False)
     monkeypatch.setenv("TRAINING_JOB_NAME", "pytorch-training-2026-12-01")
     monkeypatch.setenv("SMDEBUG_CONFIG_FILE_PATH", str(config))
-    assert env.resolve_out_dir() == ("s3://my-bucket/jobs/pytorch-training-2026-12-01", "pytorch-training-2026-12-01")
+    assert env.resolve_out_dir() == (
+        "s3://my-bucket/jobs/pytorch-training-2026-12-01",
+        "pytorch-training-2026-12-01",
+    )
     # the path already naming the job is used as it is
     config.write_text(json.dumps({"S3OutputPath": "s3://b/jobs/pytorch-training-2026-12-01/"}))
     assert env.resolve_out_dir()[0] == "s3://b/jobs/pytorch-training-2026-12-01"

@@ -349,10 +349,11 @@ class Hook:
         self._frameworks: dict[str, str | None] = {}
         self._producers: dict[str, set[str]] = {}
         self._received: set[str] = set()
+        self._unfed: set[str] = set()
         self._torch: Any = None  # the TorchIntegration, once a module is registered
         #: previous saved copy per tensor, for ``update_l2``
         self._previous: dict[str, Any] = {}
-        self._regex_cache: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
+        self._regex_cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
         self._stop_raised = False
         self._stop = StopWatcher(self._store, self.job_name, stop_check_interval_s or 0.0)
 
@@ -705,17 +706,23 @@ class Hook:
             self._disable(exc, where="record_scalar")
             return False
 
-    def collections_for(self, name: str, base: Sequence[str] = ()) -> tuple[str, ...]:
+    def collections_for(
+        self, name: str, base: Sequence[str] = (), *, aliases: Sequence[str] = ()
+    ) -> tuple[str, ...]:
         """``base`` plus every collection whose ``include_regex`` (``re.search``, as smdebug) or
-        ``tensor_names`` takes ``name`` (cached; edit collections before the first step)."""
-        key = (name, tuple(base))
+        ``tensor_names`` takes ``name`` or one of its ``aliases`` (a parameter's name without
+        smdebug's model prefix); cached: edit collections before the first step."""
+        key = (name, tuple(base), tuple(aliases))
         cached = self._regex_cache.get(key)
         if cached is None:
+            names = (name, *aliases)
             out = list(base)
             for col in self.collections.values():
                 if col.name in out:
                     continue
-                if name in col.tensor_names or any(_search(r, name) for r in col.include_regex):
+                if any(n in col.tensor_names for n in names) or any(
+                    _search(r, n) for r in col.include_regex for n in names
+                ):
                     out.append(col.name)
             cached = tuple(out)
             if len(self._regex_cache) < 100_000:
@@ -947,6 +954,7 @@ class Hook:
                 continue
             missing = [c for c in read.collections if c not in produced]
             if read.collections and len(missing) == len(read.collections):
+                self._unfed.add(read.rule + ":" + read.what)
                 frameworks = ", ".join(sorted(self._producers))
                 log.warning(
                     "trainguard: rule %s reads %s (collections %s), but nothing registered with this "
@@ -964,6 +972,8 @@ class Hook:
         if self._disabled:
             return
         for read in self._reads:
+            if read.rule + ":" + read.what in self._unfed:
+                continue  # said at the first step already
             if read.required and read.collections and not set(read.collections) & self._received:
                 log.warning(
                     "trainguard: rule %s reads %s, but this worker saved nothing in %s: the rule "

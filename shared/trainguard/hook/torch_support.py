@@ -60,6 +60,8 @@ class _Param:
     name: str
     grad_name: str
     param: Any
+    #: the ``named_parameters()`` name (``fc1.weight``): regexes may be written against it
+    plain: str = ""
     collections: tuple[str, ...] = ()
     grad_collections: tuple[str, ...] = ()
 
@@ -108,7 +110,7 @@ class TorchIntegration:
         order: list[str] = []
         for name, param in module.named_parameters():
             smd = f"{self.top_name}_{name}"
-            self._params.append(_Param(smd, f"gradient/{smd}", param))
+            self._params.append(_Param(smd, f"gradient/{smd}", param, name))
             order.append(smd)
         self.hook.set_tensor_order(order + [p.grad_name for p in self._params])
         produced = {K.WEIGHTS, K.BIASES, K.GRADIENTS, K.INPUTS, K.OUTPUTS, K.DEFAULT, K.ALL}
@@ -187,8 +189,10 @@ class TorchIntegration:
         hook.collections_changed()
         for p in self._params:
             base = K.BIASES if p.name.endswith("bias") else K.WEIGHTS
-            p.collections = hook.collections_for(p.name, (base,))
-            p.grad_collections = hook.collections_for(p.grad_name, (K.GRADIENTS,))
+            p.collections = hook.collections_for(p.name, (base,), aliases=(p.plain,))
+            p.grad_collections = hook.collections_for(
+                p.grad_name, (K.GRADIENTS,), aliases=(f"gradient/{p.plain}",)
+            )
         for m in self._modules:
             regex_cols = set(hook.collections_for(f"{m.qual}_input_0")) | set(
                 hook.collections_for(f"{m.qual}_output_0")

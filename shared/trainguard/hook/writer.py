@@ -207,10 +207,11 @@ class SegmentWriter:
         try:
             while True:
                 batch, stopping, flush = self._next_batch()
-                for done, item in enumerate(batch):
+                done = 0
+                for item in batch:
                     self._handle(item)
+                    done += 1
                     time.sleep(0)  # yield the GIL between records
-                done = len(batch)
                 if flush:
                     self._deliver(self.builder.close("time"))
                 else:
