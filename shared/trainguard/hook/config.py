@@ -117,7 +117,8 @@ class CollectionKeys:
         ALL,
     )
     SCALAR_COLLECTIONS = (LOSSES, METRICS, SCALARS)
-    #: saved by a hook created without ``include_collections``
+    #: what every hook saved by default before the configured rules chose, and what a rule
+    #: that does not declare its reads is given (``trainguard.hook.selection``)
     DEFAULT_INCLUDED = (LOSSES, METRICS, SCALARS, WEIGHTS, BIASES, GRADIENTS, RELU_OUTPUT)
 
 

@@ -38,15 +38,7 @@ from trainguard.hook.stats import StatSpec
 CONFIGURED = "*"
 #: what a rule that does not declare its reads is given: the collections every earlier
 #: trainguard hook saved by default, with their configured statistics
-UNDECLARED_COLLECTIONS = (
-    CollectionKeys.LOSSES,
-    CollectionKeys.METRICS,
-    CollectionKeys.SCALARS,
-    CollectionKeys.WEIGHTS,
-    CollectionKeys.BIASES,
-    CollectionKeys.GRADIENTS,
-    CollectionKeys.RELU_OUTPUT,
-)
+UNDECLARED_COLLECTIONS = CollectionKeys.DEFAULT_INCLUDED
 #: rule kinds that read the job's tensors and scalars (profiler rules read system metrics,
 #: clock rules the time)
 _DATA_KINDS = ("model", "cross-job", "report")
@@ -129,8 +121,17 @@ class StatisticsPlan:
         self._cache: dict[tuple[str, tuple[str, ...], str, bool], TensorChoice] = {}
 
     def required_collections(self) -> set[str]:
-        """Collections some configured rule reads (the hook turns them on)."""
-        return {c for r in self.reads for c in r.collections}
+        """Collections some configured rule reads (the hook turns them on).
+
+        A required input that reads "whatever tensors are saved" (no collections, no regexes:
+        SimilarAcrossRuns at its defaults) turns on the former default tensor collections, so
+        that something is saved for it to read.
+        """
+        out = {c for r in self.reads for c in r.collections}
+        for r in self.reads:
+            if r.required and not r.scalars and not r.collections and not r.regex:
+                out.update(c for c in UNDECLARED_COLLECTIONS if c not in CollectionKeys.SCALAR_COLLECTIONS)
+        return out
 
     def extra_regexes(self) -> list[str]:
         """Regexes of inputs that name no collection: their tensors are recorded into ``default``."""

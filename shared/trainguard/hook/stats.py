@@ -75,6 +75,9 @@ class StatSpec:
     value_counts: bool = False
     #: base fields (``BASE_FIELDS``) to compute; the contract's required fields are always added
     fields: frozenset[str] = BASE_FIELDS
+    #: optional fields named explicitly (a rule reads them): both ``values`` and
+    #: ``value_counts`` of a small integer tensor, say, where one would otherwise do
+    named: frozenset[str] = frozenset()
 
     @property
     def base(self) -> frozenset[str]:
@@ -137,6 +140,7 @@ class StatSpec:
             values=values and want("values"),
             value_counts=counts and want("value_counts"),
             fields=BASE_FIELDS if wanted is None else frozenset(wanted & BASE_FIELDS),
+            named=frozenset() if wanted is None else frozenset(wanted - BASE_FIELDS),
         )
 
 
@@ -323,7 +327,7 @@ def numpy_stats(array: Any, spec: StatSpec = StatSpec()) -> TensorStats:
     is_int = a.dtype.kind in "biu"
     if (spec.values or (spec.value_counts and is_int)) and n <= MAX_VALUES:
         extra["values"] = [float(v) for v in x.reshape(-1)]
-    elif spec.value_counts and is_int:
+    if spec.value_counts and is_int and (n > MAX_VALUES or "value_counts" in spec.named):
         uniq, cnt = np.unique(a.reshape(-1), return_counts=True)
         top = np.argsort(-cnt, kind="stable")[:MAX_VALUE_COUNTS]
         extra["value_counts"] = {str(int(uniq[i])): int(cnt[i]) for i in top}
@@ -580,7 +584,7 @@ def _optional(
     is_int = not x.is_floating_point()
     if (spec.values or (spec.value_counts and is_int)) and n <= MAX_VALUES:
         pending.values = xf.reshape(-1).double().clone()
-    elif spec.value_counts and is_int:
+    if spec.value_counts and is_int and (n > MAX_VALUES or "value_counts" in spec.named):
         uniq, cnt = torch.unique(x.reshape(-1), return_counts=True)
         top = torch.topk(cnt, min(MAX_VALUE_COUNTS, int(cnt.numel()))).indices
         pending.value_counts = (uniq[top], cnt[top])
