@@ -1,6 +1,7 @@
 """The hook with a numpy loop, to a local folder: layout, chains, modes, manifest, end marker,
 explicit saves, loss names, ``Hook()`` from the environment, errors contained and counted."""
 
+import itertools
 import json
 import logging
 import subprocess
@@ -171,7 +172,7 @@ def test_multi_worker_chains(tmp_path):
         segments = job.segments(rank)
         assert [s.header.seq for s in segments] == list(range(len(segments)))
         assert segments[0].header.prev_step is None
-        for before, after in zip(segments, segments[1:], strict=False):
+        for before, after in itertools.pairwise(segments):
             assert after.header.prev_step == before.header.last_step
         assert all(s.header.world_size == 3 for s in segments)
         assert job.end_markers()[rank].segments == len(segments)
@@ -237,7 +238,7 @@ def test_hook_without_out_dir_anywhere_names_both_ways(tmp_path, monkeypatch):
     assert "TRAINGUARD_OUT_DIR" in text and "TRAINING_JOB_NAME" in text and "S3OutputPath" in text
     monkeypatch.setenv("TRAINING_JOB_NAME", "sm-job")
     monkeypatch.setenv("SMDEBUG_CONFIG_FILE_PATH", str(tmp_path / "missing.json"))
-    with pytest.raises(env.OutDirMissing, match="SageMaker training job 'sm-job'.*no S3OutputPath"):
+    with pytest.raises(env.OutDirMissing, match=r"SageMaker training job 'sm-job'.*no S3OutputPath"):
         trainguard.Hook()
 
 

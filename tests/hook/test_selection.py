@@ -37,7 +37,8 @@ class WeightMeanWatcher(_Base):
     name = "WeightMeanWatcher"
 
     def reads(self):
-        return (RuleInput("TRAIN weight means", collections=("weights",), statistics=("mean",), modes=("TRAIN",)),)
+        means = RuleInput("TRAIN means", collections=("weights",), statistics=("mean",), modes=("TRAIN",))
+        return (means,)
 
 
 class TanhWatcher(_Base):
@@ -188,9 +189,8 @@ class Everything(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc1, self.relu, self.fc2, self.tanh, self.fc3, self.sig, self.out = (
-            nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Sigmoid(), nn.Linear(6, 3)
-        )  # fmt: skip
+        self.fc1, self.relu, self.fc2, self.tanh = nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.Tanh()
+        self.fc3, self.sig, self.out = nn.Linear(6, 6), nn.Sigmoid(), nn.Linear(6, 3)
 
     def forward(self, x):
         return self.out(self.sig(self.fc3(self.tanh(self.fc2(self.relu(self.fc1(x)))))))

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 import trainguard
-from torch import nn
 from segment_reader import JobView
+from torch import nn
 from trainguard import Collection, SaveConfig, modes
 from trainguard.hook.stats import numpy_stats
 
