@@ -6,7 +6,7 @@ is registered, boto3 when the first object is written to S3.
 
 from __future__ import annotations
 
-from trainguard.hook.config import Collection, CollectionKeys, SaveConfig, SaveConfigMode
+from trainguard.hook.config import Collection, CollectionKeys, ReductionConfig, SaveConfig, SaveConfigMode
 from trainguard.hook.core import Hook, HookReport, del_hook, get_hook
 from trainguard.hook.steps import StepPlan
 from trainguard.hook.stopping import StopTrainingRequested
@@ -16,6 +16,7 @@ __all__ = [
     "CollectionKeys",
     "Hook",
     "HookReport",
+    "ReductionConfig",
     "SaveConfig",
     "SaveConfigMode",
     "StepPlan",

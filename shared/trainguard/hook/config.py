@@ -205,6 +205,29 @@ class SaveConfig:
     __hash__ = None  # type: ignore[assignment]
 
 
+@dataclass(frozen=True)
+class ReductionConfig:
+    """smdebug's ``ReductionConfig``: which reductions a collection saves.
+
+    Read as the ``TensorStats`` fields it corresponds to (``Collection.statistics``): ``min``,
+    ``max``, ``mean``, ``std``/``variance``, ``l1``/``l2`` norms, their ``abs_`` forms
+    (``abs_mean`` is ``mean_abs``). ``save_raw_tensor=True`` also stores the full tensor.
+    Reductions trainguard has no statistic for (``prod``, ``sum``) are accepted and ignored.
+    """
+
+    reductions: Sequence[str] = ()
+    abs_reductions: Sequence[str] = ()
+    norms: Sequence[str] = ()
+    abs_norms: Sequence[str] = ()
+    save_raw_tensor: bool = False
+    save_shape: bool = False
+
+    def statistics(self) -> tuple[str, ...]:
+        from trainguard.hook.sagemaker import reduction_statistics
+
+        return reduction_statistics(self)
+
+
 @dataclass
 class Collection:
     """A named group of tensors with its own save schedule and statistics.
@@ -249,6 +272,10 @@ class Collection:
     #: id -> (module, inputs, outputs); resolved to ``<module name>_input_<i>`` /
     #: ``_output_<i>`` names when the model is registered
     modules: dict[int, tuple[Any, bool, bool]] = field(default_factory=dict, repr=False, compare=False)
+    #: smdebug's ``reduction_config`` (its statistics unless ``statistics`` is given; with
+    #: ``save_raw_tensor`` the full tensor too) and ``save_histogram`` (TensorBoard only: ignored)
+    reduction_config: ReductionConfig | None = None
+    save_histogram: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -264,6 +291,20 @@ class Collection:
         if self.statistics is not None:
             self.statistics = _check_statistics(self.statistics)
         self.tensor_names = set(self.tensor_names or ())
+        if self.reduction_config is not None:
+            self.set_reduction_config(self.reduction_config)
+
+    def set_save_config(self, save_config: SaveConfig) -> None:
+        self.save_config = save_config
+
+    def set_reduction_config(self, reduction_config: ReductionConfig) -> None:
+        """smdebug's reductions, as this collection's statistics (and full tensors if raw)."""
+        if not isinstance(reduction_config, ReductionConfig):
+            raise TypeError(f"expected a ReductionConfig, got {type(reduction_config).__name__}")
+        self.reduction_config = reduction_config
+        self.statistics = reduction_config.statistics() or None
+        if reduction_config.save_raw_tensor:
+            self.save_full = True
 
     # smdebug's Collection methods ----------------------------------------------------------
     def include(self, regex: str | Sequence[str]) -> None:

@@ -300,8 +300,11 @@ class Hook:
         if self.save_all:
             every = self.collections.get(CollectionKeys.ALL) or default_collection(CollectionKeys.ALL)
             every.include(".*")
-            if every.save_config is None:
-                every.save_config = save_config or SaveConfig(save_interval=DEFAULT_TENSOR_INTERVAL)
+            every.save_full = True  # smdebug's save_all saves every tensor in full
+            if save_config is not None and CollectionKeys.ALL not in {c.name for c in collections or ()}:
+                every.save_config = save_config
+            elif every.save_config is None:
+                every.save_config = SaveConfig(save_interval=DEFAULT_TENSOR_INTERVAL)
             self.collections[CollectionKeys.ALL] = every
             explicit.add(CollectionKeys.ALL)
         if user_statistics is not None:
@@ -950,8 +953,8 @@ class Hook:
             return  # a plain loop: explicit saves decide; close() says what no rule received
         produced = set().union(*self._producers.values())
         for read in self._reads:
-            if not read.required:
-                continue
+            if not read.required or read.scalars:
+                continue  # scalars (losses) are usually saved explicitly: close() says if none came
             missing = [c for c in read.collections if c not in produced]
             if read.collections and len(missing) == len(read.collections):
                 self._unfed.add(read.rule + ":" + read.what)
@@ -1175,6 +1178,10 @@ class Hook:
                     time.sleep(0.2 * (attempt + 1))
         return False
 
+    def _cleanup(self) -> None:
+        """smdebug's name for ``close`` (its tests and scripts call it)."""
+        self.close()
+
     def __enter__(self) -> Hook:
         return self
 
@@ -1316,25 +1323,12 @@ def _parse_rules(rules: list[dict[str, Any]] | None) -> list[Any]:
 
 
 def _reduction_statistics(reduction_config: Any) -> tuple[str, ...] | None:
-    """smdebug's ``ReductionConfig`` (object or dict) as TensorStats fields."""
+    """smdebug's hook-wide ``reduction_config`` (object or dict) as TensorStats fields."""
     if reduction_config is None:
         return None
-    from trainguard.hook.sagemaker import _REDUCTIONS
+    from trainguard.hook.sagemaker import reduction_statistics
 
-    names: list[str] = []
-    for attr in ("reductions", "abs_reductions", "norms", "abs_norms"):
-        items = (
-            reduction_config.get(attr)
-            if isinstance(reduction_config, Mapping)
-            else getattr(reduction_config, attr, None)
-        )
-        for item in items or ():
-            key = str(item).lower()
-            prefix = "abs_" if attr.startswith("abs") and not key.startswith("abs_") else ""
-            if attr.endswith("norms") and not key.endswith("_norm"):
-                key += "_norm"
-            names.extend(f for f in _REDUCTIONS.get(prefix + key, ()) if f not in names)
-    return tuple(names) if names else None
+    return reduction_statistics(reduction_config) or None
 
 
 def _smdebug_notes(

@@ -17,6 +17,9 @@ or the ``DebugHookConfig`` of a CreateTrainingJob request, to ``HookSettings``, 
         {"CollectionName": "gradients",
          "CollectionParameters": {"save_interval": "10", "include_regex": "...", "reductions": "..."}}]}
 
+As in smdebug, a configured collection without ``reductions`` saves its tensors in full
+(``Collection.save_full``), one with ``reductions`` saves those statistics.
+
 Values may be strings (the API's type) or numbers (smdebug's JSON examples). Parameters
 that configure only smdebug's own outputs (``export_tensorboard``, ``tensorboard_dir``,
 ``save_histogram``, ``include_workers``, ``save_shape``, ``prod``/``sum`` reductions without a
@@ -74,6 +77,8 @@ _REDUCTIONS = {
     "abs_sum": ("l1",),
     "abs_l1_norm": ("l1",),
     "abs_l2_norm": ("l2",),
+    "abs_l1": ("l1",),
+    "abs_l2": ("l2",),
     "abs_variance": ("std",),
     "abs_std": ("std",),
 }
@@ -150,10 +155,14 @@ def hook_settings(config: Mapping[str, Any], *, job_name: str | None = None) -> 
     if not isinstance(config, Mapping):
         raise ValueError("a hook configuration is a JSON object (DebugHookConfig)")
     known = {"S3OutputPath", "LocalPath", "HookParameters", "CollectionConfigurations"}
-    unknown = sorted(set(config) - known)
+    unknown = sorted(set(config) - known - {"S3Path"})
     if unknown:
         raise ValueError(f"unknown DebugHookConfig keys {unknown}; expected {sorted(known)}")
     settings = HookSettings(job_name=job_name)
+    if "S3Path" in config:  # smdebug's own test configurations carry it; smdebug ignores it
+        settings.ignored["S3Path"] = (
+            "not a DebugHookConfig key (SageMaker's is S3OutputPath); ignored as smdebug does"
+        )
     settings.out_dir = sagemaker_out_dir(config, job_name)
     if settings.out_dir is None:
         local = config.get("LocalPath")
@@ -196,6 +205,8 @@ def hook_settings(config: Mapping[str, Any], *, job_name: str | None = None) -> 
             own = _statistics(params, where, settings.ignored)
             if own is not None or statistics is not None:
                 col.statistics = tuple(own if own is not None else statistics or ())
+            else:
+                col.save_full = True  # no reductions: smdebug (and SageMaker) save the tensor itself
             _note_ignored(params, where, settings.ignored)
             settings.collections.append(col)
             names.append(name)
@@ -272,6 +283,21 @@ def _statistics(params: Mapping[str, Any], where: str, ignored: dict[str, str]) 
             continue
         fields.extend(f for f in mapped if f not in fields)
     return tuple(fields)
+
+
+def reduction_statistics(config: Any) -> tuple[str, ...]:
+    """smdebug's ``ReductionConfig`` (object or dict) as ``TensorStats`` fields."""
+    names: list[str] = []
+    for attr in ("reductions", "abs_reductions", "norms", "abs_norms"):
+        items = config.get(attr) if isinstance(config, Mapping) else getattr(config, attr, None)
+        for item in items or ():
+            key = str(item).lower()
+            if attr.endswith("norms") and not key.endswith("_norm"):
+                key += "_norm"
+            if attr.startswith("abs") and not key.startswith("abs_"):
+                key = "abs_" + key
+            names.extend(f for f in _REDUCTIONS.get(key, ()) if f not in names)
+    return tuple(names)
 
 
 def _note_ignored(params: Mapping[str, Any], where: str, ignored: dict[str, str]) -> None:
