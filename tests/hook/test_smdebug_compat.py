@@ -102,7 +102,7 @@ def _no_current_hook():
 
 
 def test_save_custom_tensor_and_get_hook(tmp_path):
-    """tests/pytorch/test_save_custom_tensor.py: get_hook() inside the model, save_tensor, record_tensor_value."""
+    """tests/pytorch/test_save_custom_tensor.py: get_hook() in the model, save_tensor, record_tensor_value."""
     out_dir = str(tmp_path / "trial_custom")
     hook = Hook(
         out_dir=out_dir,
@@ -234,7 +234,7 @@ def test_create_from_json_file_multi_collections(tmp_path, monkeypatch):
 def test_create_from_json_file_without_a_file_is_none(tmp_path, monkeypatch):
     monkeypatch.setenv("SMDEBUG_CONFIG_FILE_PATH", str(tmp_path / "absent.json"))
     assert Hook.create_from_json_file() is None
-    with pytest.raises(FileNotFoundError, match="absent.json"):
+    with pytest.raises(FileNotFoundError, match=r"absent\.json"):
         Hook.create_from_json_file(str(tmp_path / "absent.json"))
 
 
