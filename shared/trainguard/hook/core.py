@@ -596,7 +596,8 @@ class Hook:
         ``np.asarray`` accepts (JAX arrays). ``collections`` (smdebug: ``collections_to_write``;
         default ``default``) say which rules see it and which statistics it gets (what the
         configured rules read, plus the standard set). ``full=False`` keeps only the
-        statistics. Returns False only if it could not be recorded (counted and logged).
+        statistics, except at steps where a ``save_full`` collection of it is due. Returns False
+        only if it could not be recorded (counted and logged).
         """
         self.check_stop()
         chosen = collections if collections is not None else collections_to_write
@@ -611,7 +612,11 @@ class Hook:
                 return False
             cols = [self.get_collection(c) for c in names]
             choice = self.selection.choose(name, cols, plan.mode.value, explicit_save=True)
-            return self._record_tensor(plan, name, value, cols, choice, full=full, due_full=False)
+            # a save_full collection that is due stores the tensor even when full=False
+            due_full = any(c.save_full and c.name in plan.due for c in cols)
+            return self._record_tensor(
+                plan, name, value, cols, choice, full=full or due_full, due_full=due_full
+            )
 
     # ------------------------------------------------------------------ the public recording interface
     def plan(self, step: int | None = None, mode: ModeKeys | str | None = None) -> StepPlan | None:
