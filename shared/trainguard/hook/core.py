@@ -1088,9 +1088,10 @@ class Hook:
         return self._stop.check_now()
 
     # ------------------------------------------------------------------ flushing and closing
+    @_guarded()
     def flush(self) -> None:
-        """Seal the current step and write the open window now (e.g. before a checkpoint)."""
-        if self._disabled or self._closed:
+        """End the current step and write the open window now (e.g. before a checkpoint)."""
+        if self._closed:
             return
         with self._lock:
             self._seal(self._book.step)
@@ -1128,10 +1129,20 @@ class Hook:
         if self.dry_run:
             self._report = self._empty_report()
             return self._report
-        self._writer.close(self.flush_timeout_s)
-        left = max(0.0, self.flush_timeout_s - (time.monotonic() - started))
-        delivery = self._delivery.close(left)
-        marker_ok = self._write_end_marker(delivery)
+        try:
+            self._writer.close(self.flush_timeout_s)
+            left = max(0.0, self.flush_timeout_s - (time.monotonic() - started))
+            delivery = self._delivery.close(left)
+            marker_ok = self._write_end_marker(delivery)
+        except Exception as exc:  # never let closing break the end of a job
+            log.error("trainguard: closing the hook failed: %s", exc, exc_info=True)
+            self._report = HookReport(
+                self.job_name, self.rank, self._store.url, self._builder.seq, self._builder.steps_written,
+                undelivered=self._delivery.backlog, undelivered_bytes=0, dropped=self._drops.totals(),
+                error=f"closing failed: {exc}", end_marker_written=False,
+            )  # fmt: skip
+            _announce(self._report)
+            return self._report
         self._report = HookReport(
             job=self.job_name,
             worker=self.rank,
