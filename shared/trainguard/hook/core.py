@@ -241,7 +241,7 @@ class Hook:
         export_tensorboard: bool = False,
         tensorboard_dir: str | None = None,
         reduction_config: Any = None,
-        include_workers: str = "one",
+        include_workers: str | None = None,
         dry_run: bool = False,
     ) -> None:
         detected_job: str | None = None
@@ -1348,17 +1348,20 @@ def _reduction_statistics(reduction_config: Any) -> tuple[str, ...] | None:
 
 
 def _smdebug_notes(
-    export_tensorboard: bool, tensorboard_dir: str | None, include_workers: str, dry_run: bool
+    export_tensorboard: bool, tensorboard_dir: str | None, include_workers: str | None, dry_run: bool
 ) -> list[str]:
+    """What smdebug's constructor arguments do here (said once, at INFO)."""
+    if include_workers not in (None, "one", "all"):
+        raise ValueError(f"include_workers must be 'one' or 'all', got {include_workers!r}")
     notes = []
     if export_tensorboard or tensorboard_dir:
         notes.append(
             "export_tensorboard/tensorboard_dir are smdebug's; trainguard writes its own format only"
         )
-    if include_workers not in ("one", "all"):
-        raise ValueError(f"include_workers must be 'one' or 'all', got {include_workers!r}")
     if include_workers == "one":
-        pass  # every trainguard worker writes its own segments: the multi-worker rules need them
+        notes.append(
+            "include_workers='one' is smdebug's default; every trainguard worker writes its segments"
+        )
     return notes
 
 

@@ -638,14 +638,17 @@ def _torch_histogram(xf: Any, spec: StatSpec, host: dict[str, float] | None) -> 
 _FOREACH_FIELDS = frozenset({"numel", "l1", "mean_abs", "l2", "nan", "inf"})
 
 
-def torch_stats_many(tensors: Sequence[Any], specs: Sequence[StatSpec | None]) -> list[PendingStats | None]:
+def torch_stats_many(
+    tensors: Sequence[Any], specs: Sequence[StatSpec | None], *, device_path: bool | None = None
+) -> list[PendingStats | None]:
     """Reduce many tensors at once (a step's gradients or weights); None where ``specs`` is None.
 
     On the CPU each tensor takes the vectorised passes of ``torch_stats``. On an
     accelerator, tensors that need only norms and non-finite counts (what the default rules
     read of gradients) are reduced by ``torch._foreach_norm`` over the whole group (a few
     launches instead of several per tensor), everything else per tensor, and all the small
-    results travel to the host in one non-blocking copy with one event.
+    results travel to the host in one non-blocking copy with one event. ``device_path``
+    forces (True) or forbids (False) the accelerator path, as in ``torch_stats``.
     """
     import torch
 
@@ -656,8 +659,9 @@ def torch_stats_many(tensors: Sequence[Any], specs: Sequence[StatSpec | None]) -
         if spec is None:
             continue
         x = t.detach()
+        on_device = x.device.type != "cpu" if device_path is None else device_path
         if (
-            x.device.type != "cpu"
+            on_device
             and x.numel() > 0
             and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
             and spec.base <= _FOREACH_FIELDS
@@ -671,7 +675,7 @@ def torch_stats_many(tensors: Sequence[Any], specs: Sequence[StatSpec | None]) -
     for i in singles:
         spec = specs[i]
         assert spec is not None
-        out[i] = torch_stats(tensors[i], spec)
+        out[i] = torch_stats(tensors[i], spec, device_path=device_path)
     for (_device, _dtype), idx in groups.items():
         xs = [tensors[i].detach() for i in idx]
         group_specs = [s for s in (specs[i] for i in idx) if s is not None]
