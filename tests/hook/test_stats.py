@@ -212,3 +212,10 @@ def test_many_tensors_at_once_match_one_at_a_time():
             assert got.l2 == pytest.approx(want.l2, rel=1e-5)
     assert batched[3].finalize().std == pytest.approx(float(tensors[0].double().std(correction=0)), rel=1e-5)
     assert torch_stats_many([tensors[0]], [None]) == [None]
+    # the CPU's batched path: one host copy for the group
+    for t, pending in zip(tensors, torch_stats_many(tensors, [spec] * 3), strict=True):
+        got, want = pending.finalize(), numpy_stats(t.numpy(), spec)
+        assert (got.numel, got.nan, got.inf) == (want.numel, want.nan, want.inf)
+        if want.nan == 0:
+            assert got.mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
+            assert got.l2 == pytest.approx(want.l2, rel=1e-5)

@@ -654,24 +654,32 @@ def torch_stats_many(
 
     out: list[PendingStats | None] = [None] * len(tensors)
     groups: dict[tuple[Any, Any], list[int]] = {}
+    cpu_group: list[int] = []
     singles: list[int] = []
     for i, (t, spec) in enumerate(zip(tensors, specs, strict=True)):
         if spec is None:
             continue
         x = t.detach()
         on_device = x.device.type != "cpu" if device_path is None else device_path
-        if (
-            on_device
-            and x.numel() > 0
-            and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        norms_only = (
+            x.numel() > 0
             and spec.base <= _FOREACH_FIELDS
-            and spec.is_empty() is False
+            and not spec.is_empty()
             and not (spec.percentiles or spec.histogram_bins or spec.unit_active or spec.unit_band)
             and not (spec.values or spec.value_counts)
+        )
+        if (
+            norms_only
+            and on_device
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
         ):
             groups.setdefault((x.device, x.dtype), []).append(i)
+        elif norms_only and not on_device and x.dtype in (torch.float32, torch.float64):
+            cpu_group.append(i)
         else:
             singles.append(i)
+    if cpu_group:
+        _cpu_norms(tensors, specs, cpu_group, out)
     for i in singles:
         spec = specs[i]
         assert spec is not None
@@ -708,3 +716,31 @@ def torch_stats_many(
                 ready=ready,
             )
     return out
+
+
+def _cpu_norms(
+    tensors: Sequence[Any], specs: Sequence[StatSpec | None], idx: list[int], out: list[PendingStats | None]
+) -> None:
+    """Norms of many CPU tensors with one host copy: ``|x|`` and a sum (l1), ``x·x`` (l2) each,
+    then one stack; non-finite counts only for a tensor whose sums are not finite."""
+    import torch
+
+    with torch.no_grad():
+        xs = [tensors[i].detach().reshape(-1) for i in idx]
+        want_l1 = [bool(specs[i].base & {"l1", "mean_abs", "nan", "inf"}) for i in idx]  # type: ignore[union-attr]
+        want_l2 = ["l2" in specs[i].base for i in idx]  # type: ignore[union-attr]
+        parts: list[Any] = []
+        for x, l1, l2 in zip(xs, want_l1, want_l2, strict=True):
+            parts.append(x.abs().sum() if l1 or not l2 else x.new_zeros(()))
+            parts.append(torch.dot(x, x) if l2 else x.new_zeros(()))
+        values = torch.stack([p.double() for p in parts]).tolist()
+    for k, i in enumerate(idx):
+        spec = specs[i]
+        assert spec is not None
+        x = xs[k]
+        l1, sumsq = values[2 * k], values[2 * k + 1]
+        base: dict[str, float] = {"l1": l1, "l2": math.sqrt(sumsq) if sumsq >= 0 else math.nan}
+        if not (math.isfinite(l1) and math.isfinite(sumsq)):
+            base["nan"] = int(torch.isnan(x).sum())
+            base["inf"] = int(torch.isinf(x).sum())
+        out[i] = PendingStats(int(x.numel()), spec, tuple(int(d) for d in tensors[i].shape), base=base)
