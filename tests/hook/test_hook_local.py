@@ -362,3 +362,13 @@ def test_import_is_light():
         [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == [False, False]
+
+
+def test_saves_after_close_are_counted_and_ignored(tmp_path, caplog):
+    hook = trainguard.Hook(tmp_path / "late")
+    hook.save_scalar("loss", 1.0, step=0)
+    hook.close()
+    with caplog.at_level(logging.WARNING, logger="trainguard.hook"):
+        assert hook.save_scalar("loss", 2.0, step=1) is False
+    assert "after close()" in caplog.text and hook.dropped == {"after_close": 1}
+    assert JobView(tmp_path / "late").steps() == [0]

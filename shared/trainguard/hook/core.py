@@ -770,6 +770,9 @@ class Hook:
     # ------------------------------------------------------------------ recording (lock held)
     def _enter_user(self, step: Any, mode: Any) -> StepPlan | None:
         """Enter a step for a user's explicit save; a bad or old step is counted and skipped."""
+        if self._closed:
+            self._drop("after_close", "closed", "ignoring a save after close(): the job's data is final")
+            return None
         try:
             s = None if step is None else check_step(step)
             m = None if mode is None else parse_mode(mode)
