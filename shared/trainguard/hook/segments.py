@@ -48,8 +48,9 @@ from trainguard.hook.stats import PendingStats
 
 #: full tensors held in one open window, at most (a larger single step is written alone)
 DEFAULT_BODY_LIMIT_BYTES = 64 * 1024 * 1024
-#: the segment document without its steps, the safetensors framing and padding: a margin
-_FIXED_HEADER_BYTES = 1024
+#: the segment document without its steps (up to 32 drop reasons of <= 64 characters), the
+#: safetensors framing and padding: a margin
+_FIXED_HEADER_BYTES = 4096
 _STEPS_MARKER = '"steps":[]'
 CloseReason = Literal["time", "size", "full", "nonfinite", "close"]
 

@@ -52,7 +52,7 @@ class DropCounter:
     def add(self, reason: str, count: int = 1) -> None:
         if count <= 0:
             return
-        reason = reason[:200]
+        reason = reason[:64]
         with self._lock:
             if reason not in self._total and len(self._total) >= self.MAX_REASONS - 1:
                 reason = "other"
