@@ -226,7 +226,8 @@ def test_full_tensors_due_close_the_window(tmp_path):
 def test_a_5000_steps_per_second_scalar_loop_loses_nothing(tmp_path):
     out = tmp_path / "fast"
     steps = 20_000
-    with trainguard.Hook(out, include_collections=["losses"], stop_check_interval_s=0) as hook:
+    hook = trainguard.Hook(out, include_collections=["losses"], stop_check_interval_s=0, flush_timeout_s=600)
+    with hook:  # (a generous close timeout: a loaded machine encodes slowly, nothing may be lost)
         for step in range(steps):
             hook.save_scalar("loss", 1.0 / (step + 1), step=step)
     job = JobView(out)
@@ -285,3 +286,23 @@ def test_workers_with_different_windows_write_complete_chains(tmp_path):
         assert [s.header.seq for s in segments] == list(range(len(segments)))
         assert [st.step for s in segments for st in s.header.steps] == list(range(300))
         assert job.end_markers()[rank].segments == len(segments)
+
+
+def test_a_writer_that_cannot_finish_in_time_counts_what_it_did_not_write(tmp_path, monkeypatch):
+    from trainguard.hook import segments as segments_module
+
+    gate = threading.Event()
+    original = segments_module.SegmentBuilder._prepare
+
+    def slow(self, rec):
+        gate.wait(30)
+        return original(self, rec)
+
+    monkeypatch.setattr(segments_module.SegmentBuilder, "_prepare", slow)
+    hook = trainguard.Hook(tmp_path / "late", flush_timeout_s=0.5, stop_check_interval_s=0)
+    for step in range(5):
+        hook.save_scalar("loss", 1.0, step=step)
+    report = hook.close()
+    gate.set()
+    assert report.dropped == {"close_timeout": 5} and not report.ok
+    assert JobView(tmp_path / "late").end_markers()[0].dropped == {"close_timeout": 5}

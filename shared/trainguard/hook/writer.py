@@ -106,6 +106,10 @@ class SegmentWriter:
         self._stopping = False
         self._flush_now = False
         self._failed = False
+        #: close() gave up waiting: the thread stops at the next record, delivering nothing more
+        self._abandoned = False
+        #: step records submitted and not yet in a window (counted as lost if close() gives up)
+        self._unwindowed = 0
         self._thread = threading.Thread(target=self._loop, name="trainguard-writer", daemon=True)
         self._started = False
         self._closed = False
@@ -134,6 +138,7 @@ class SegmentWriter:
                 return False
             self._inbox.append(record)
             self._bytes += record.nbytes
+            self._unwindowed += 1
             self.peak_bytes = max(self.peak_bytes, self._bytes)
             if self._bytes >= self.wake_bytes:
                 self._cond.notify_all()
@@ -190,42 +195,45 @@ class SegmentWriter:
             self._thread.join(max(0.0, timeout_s))
             if self._thread.is_alive():
                 with self._cond:
-                    left = sum(1 for item in self._inbox if isinstance(item, StepRecord))
-                if left:
-                    self.drops.add("close_timeout", left)
+                    self._abandoned = True
+                    self._cond.notify_all()
+                self._thread.join(5.0)  # it stops at the next record
+                with self._cond:
+                    lost = self._unwindowed + self.builder.open_steps
+                self.drops.add("close_timeout", lost)
                 log.error(
-                    "trainguard: the writer did not finish within %.0f s; %d steps not encoded (counted)",
+                    "trainguard: the writer did not finish in %.0f s; %d steps were not written (counted)",
                     timeout_s,
-                    left,
+                    lost,
                 )
 
     # ------------------------------------------------------------------ writer thread
     def _loop(self) -> None:
         lower_priority(self.nice)
-        batch: list[Any] = []
-        done = 0
         try:
             while True:
                 batch, stopping, flush = self._next_batch()
-                done = 0
                 for item in batch:
+                    if self._abandoned:
+                        return
                     self._handle(item)
-                    done += 1
                     time.sleep(0)  # yield the GIL between records
+                if self._abandoned:
+                    return
                 if flush:
                     self._deliver(self.builder.close("time"))
                 else:
                     self._deliver(self.builder.expired())
                 if stopping and not batch:
-                    self._deliver(self.builder.close("close"))
+                    if not self._abandoned:
+                        self._deliver(self.builder.close("close"))
                     return
         except Exception as exc:  # a bug here must not break training: the hook disables itself
-            lost = sum(1 for item in batch[done:] if isinstance(item, StepRecord))
             with self._cond:
                 self._failed = True
-                lost += sum(1 for item in self._inbox if isinstance(item, StepRecord))
                 self._inbox.clear()
                 self._bytes = 0
+                lost, self._unwindowed = self._unwindowed, 0
                 self._cond.notify_all()
             self.drops.add("writer_failed", lost + self.builder.open_steps)
             if self._on_error is not None:
@@ -250,7 +258,10 @@ class SegmentWriter:
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, StepRecord):
-            for segment in self.builder.add(item):
+            segments = self.builder.add(item)
+            with self._cond:
+                self._unwindowed -= 1
+            for segment in segments:
                 self._deliver(segment)
         else:
             key, data = item  # the manifest, a system batch: delivered in submission order
