@@ -238,10 +238,17 @@ def _rules(args: argparse.Namespace) -> int:
     if not _use_rule_modules(args.rule_module):
         return 2
     for row in describe_rules():
-        params = ", ".join(f"{k}={v!r}" for k, v in row["parameters"].items()) or "(no parameters)"
         origin = "" if row["source"] == "trainguard" else f" (custom: {row['source']})"
         print(f"{row['name']:<28} [{row['kind']}] {row['summary']}{origin}")
-        print(f"{'':<28} {params}")
+        if not row["details"]:
+            print(f"{'':<28} (no parameters)")
+        for p in row["details"]:
+            default = "(required)" if p["default"] is None else repr(p["default"])
+            same = p["sagemaker"] in (p["default"], "required") and not p["why"]
+            sagemaker = "" if same else f"  [SageMaker: {p['sagemaker']}]"
+            print(f"{'':<28} {p['name']}={default}{sagemaker}")
+            if p["why"]:
+                print(f"{'':<32}why: {p['why']}")
     return 0
 
 

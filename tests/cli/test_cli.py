@@ -17,7 +17,16 @@ def write(tmp_path, job: SyntheticJob):
 
 
 def test_replay_json_has_one_object_per_rule_with_the_first_issue_step(tmp_path, capsys):
-    folder = write(tmp_path, SyntheticJob("cli-1", steps=list(range(0, 40, 2)), nan_steps=frozenset({14})))
+    # long enough for LossNotDecreasing's 50-step blocks, with validation losses for Overfit
+    folder = write(
+        tmp_path,
+        SyntheticJob(
+            "cli-1",
+            steps=list(range(0, 120, 2)),
+            nan_steps=frozenset({14}),
+            eval_loss=lambda s, w: 1.02 / (1 + s) if s % 10 == 0 else None,
+        ),
+    )
     assert main(["replay", str(folder), "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [set(o) for o in out] == [
@@ -50,7 +59,7 @@ def test_replay_with_a_rules_file_in_sagemaker_format(tmp_path, capsys):
                 "DebugRuleConfigurations": [
                     {
                         "RuleConfigurationName": "LossNotDecreasing",
-                        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
+                        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
                     },
                     {"RuleConfigurationName": "Nope", "RuleParameters": {"rule_to_invoke": "NotARule"}},
                 ]
@@ -90,7 +99,8 @@ def test_rules_lists_every_rule_with_defaults(capsys):
         "CPUBottleneck",
     ):
         assert name in out
-    assert "num_steps='10'" in out or "num_steps=10" in out
+    # trainguard's default, SageMaker's beside it, and why they differ
+    assert "num_steps='None'  [SageMaker: 10]" in out and "why: None = 50 training steps" in out
 
 
 def test_status_reads_the_state_table(aws, capsys):

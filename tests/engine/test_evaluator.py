@@ -85,7 +85,14 @@ def test_a_missing_object_in_the_middle_blocks_until_it_arrives():
 
 
 def test_the_job_finishes_when_every_worker_ended_and_all_steps_were_evaluated():
-    job = SyntheticJob("fin", world_size=2, steps=[0, 5], loss=lambda s, w: 1.0 / (1 + s))
+    # long enough for LossNotDecreasing's blocks, with validation for Overfit: every rule checks
+    job = SyntheticJob(
+        "fin",
+        world_size=2,
+        steps=list(range(0, 120, 5)),
+        loss=lambda s, w: 1.0 / (1 + s),
+        eval_loss=lambda s, w: 1.02 / (1 + s) if s % 20 == 0 else None,
+    )
     state = run_incrementally(job)
     assert state.finished and state.training_status == "Completed"
     assert {r.status for r in state.rules} == {"NoIssuesFound"}

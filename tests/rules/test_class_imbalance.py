@@ -21,7 +21,7 @@ def test_imbalance_fires_once_enough_samples() -> None:
     out = run(make("ClassImbalance"), [batch(s, labels, labels) for s in range(8)])
     assert out.fired_at == 4
     assert out.finding.value == 19.0 and out.finding.threshold == 10.0
-    assert "500 labels" in out.finding.message
+    assert "the last 500 TRAIN labels" in out.finding.message
 
 
 def test_balanced_and_well_predicted_does_not_fire() -> None:
@@ -71,8 +71,50 @@ def test_state_bounded() -> None:
     rule = make("ClassImbalance", threshold_imbalance="1e9", threshold_misprediction="2")
     many = list(range(1000))
     state, fired = long_run(rule, [batch(0, many, many)])
-    assert len(state.counts) == MAX_CLASSES and state.other == 1000 - MAX_CLASSES
-    assert state_bytes(rule, state) < 8192
+    assert len({k for c in state.chunks for k in c.counts}) == MAX_CLASSES
+    assert state.other == 1000 - MAX_CLASSES and state_bytes(rule, state) < 8192
     labels = [0, 1, 2, 3]
     state, fired = long_run(rule, repeat(batch(0, labels, labels), LONG))
-    assert fired is None and state.total == 4 * LONG and state_bytes(rule, state) < 300
+    assert fired is None and state.total == 4 * LONG and state_bytes(rule, state) < 1500
+    assert 500 <= sum(c.n for c in state.chunks) <= 500 + 500 // 8
+
+
+def test_window_of_the_last_samples_labels() -> None:
+    # early imbalance (an unshuffled start) that the data later outgrows: judged on the last 500
+    early = [batch(s, [0] * 100) for s in range(3)]
+    later = [batch(s, [0, 1] * 50, [0, 1] * 50) for s in range(3, 20)]
+    out = run(make("ClassImbalance"), early + later)
+    assert out.fired_at is None and out.state.judgements > 0
+    # an untrained model's mispredictions fall out of the window as it learns
+    learning = [batch(s, [0, 1] * 50, [0] * 100 if s < 2 else [0, 1] * 50) for s in range(20)]
+    assert run(make("ClassImbalance"), learning).fired_at is None
+
+
+def test_eval_labels_are_judged_once_saved() -> None:
+    def both(step: int, train: list[int], evaluation: list[int]):
+        from rulejobs import M, header
+        from trainguard.rules.base import StepData
+
+        def t(v: list[int]) -> dict:
+            return {"loss/labels": tensor(v, ["labels"], dtype="int64", values=[float(x) for x in v])}
+
+        return StepData.from_headers(
+            [header(step, {"TRAIN": M(step, tensors=t(train)), "EVAL": M(step, tensors=t(evaluation))})]
+        )
+
+    # training data imbalanced by design (a sampler), validation balanced: EVAL is judged
+    steps = [both(s, [0] * 99 + [1], [0, 1] * 50) for s in range(10)]
+    out = run(make("ClassImbalance"), steps)
+    assert out.fired_at is None and out.state.mode == "EVAL"
+    assert run(make("ClassImbalance", mode="TRAIN"), steps).fired_at == 4
+
+
+def test_scores_are_reduced_by_argmax_unless_sagemaker_false_is_given() -> None:
+    labels = [0, 1] * 50
+    scores = np.array([[0.2, 0.8], [0.9, 0.1]] * 50)  # argmax: 1, 0, 1, 0... all wrong
+    assert run(make("ClassImbalance", samples="100"), [batch(0, labels, scores)]).fired_at == 0
+    # explicit False: 200 values are not 100 class ids: no mispredictions counted
+    assert (
+        run(make("ClassImbalance", samples="100", argmax="False"), [batch(0, labels, scores)]).fired_at
+        is None
+    )

@@ -37,12 +37,13 @@ def hook_at(tmp_path):
 
 
 def test_loss_not_decreasing_documented_example(hook_at, tmp_path):
-    # losses 0.30, 0.33, 0.31, 0.30, 0.28 at steps 0, 4, 8, 12, 16: step 12 is compared with
-    # step 0 (the newest at or before 12 - num_steps) and 0.30 is not lower than 0.30
+    # losses 0.30, 0.33, 0.31, 0.30, 0.28 at steps 0, 4, 8, 12, 16, num_steps 10: step 12 is the
+    # first check; its block (steps 4-12, mean 0.313) is not lower than the block {0} (0.30)
     with hook_at("lnd", ["losses"]) as hook:
         for step, loss in zip([0, 4, 8, 12, 16], [0.30, 0.33, 0.31, 0.30, 0.28], strict=True):
             hook.save_scalar("loss", loss, step=step, collections=["losses"])
-    assert judge(tmp_path / "lnd", [rule("LossNotDecreasing")]) == {"LossNotDecreasing": ("IssuesFound", 12)}
+    verdict = judge(tmp_path / "lnd", [rule("LossNotDecreasing", num_steps="10")])
+    assert verdict == {"LossNotDecreasing": ("IssuesFound", 12)}
 
 
 def test_exploding_tensor_fires_at_the_first_nan_gradient(hook_at, tmp_path):
@@ -83,15 +84,18 @@ def test_overfit_fires_when_eval_loss_exceeds_train_loss_by_the_ratio(hook_at, t
             if step % 10 == 9:
                 val = 1.0 / (1 + step) * (1.05 if step < 25 else 1.5)
                 hook.save_scalar("loss", val, step=step, collections=["losses"], mode=modes.EVAL)
-    status, step = judge(tmp_path / "fit", [rule("Overfit")])["Overfit"]
+    status, step = judge(tmp_path / "fit", [rule("Overfit", patience="1")])["Overfit"]
     assert status == "IssuesFound" and step is not None and step >= 29
 
 
 def test_a_clean_numpy_job_ends_with_every_default_rule_clean(hook_at, tmp_path):
     rng = np.random.default_rng(1)
     with hook_at("clean", ["losses", "gradients", "relu_output"]) as hook:
-        for step in range(30):
-            hook.save_scalar("loss", 2.0 * np.exp(-step / 10) + 0.1, step=step, collections=["losses"])
+        for step in range(120):  # LossNotDecreasing compares blocks of 50 training steps
+            hook.save_scalar("loss", 2.0 * np.exp(-step / 30) + 0.1, step=step, collections=["losses"])
+            if step % 10 == 9:  # Overfit compares validation with training: without EVAL it cannot pass
+                val = 1.02 * (2.0 * np.exp(-step / 30) + 0.1)
+                hook.save_scalar("loss", val, step=step, collections=["losses"], mode=modes.EVAL)
             hook.save_tensor(
                 "gradient/fc.weight",
                 rng.normal(0, 0.01, (8, 8)).astype(np.float32),
@@ -113,3 +117,10 @@ def test_a_clean_numpy_job_ends_with_every_default_rule_clean(hook_at, tmp_path)
         "Overfit",
     }
     assert all(v == ("NoIssuesFound", None) for v in verdicts.values()), verdicts
+
+
+def test_a_job_without_validation_does_not_pass_overfit(hook_at, tmp_path):
+    with hook_at("noeval", ["losses"]) as hook:
+        for step in range(30):
+            hook.save_scalar("loss", 1.0 / (1 + step), step=step, collections=["losses"])
+    assert judge(tmp_path / "noeval", [rule("Overfit")]) == {"Overfit": ("Error", None)}

@@ -1,104 +1,143 @@
-"""Golden tests for LossNotDecreasing."""
+"""Golden tests for LossNotDecreasing: block means over training steps, SageMaker's schedule."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from rulejobs import (
     LONG,
     SHORT,
     M,
     config_error,
     fast_step,
+    header,
     long_run,
     losses,
     make,
     run,
+    scalar,
     state_bytes,
     step_data,
 )
-from trainguard.rules.loss_not_decreasing import MAX_WINDOW, LossNotDecreasing
+from trainguard.rules.base import StepData
+from trainguard.rules.loss_not_decreasing import LossNotDecreasing
 
 
-def test_golden_example_fires_at_step_12() -> None:
-    # step 12 vs the newest saved loss at a step <= 2 (step 0): 0.30 is not lower than 0.30
-    out = run(make("LossNotDecreasing"), losses([(0, 0.30), (4, 0.33), (8, 0.31), (12, 0.30), (16, 0.28)]))
-    assert out.fired_at == 12
-    f = out.finding
-    assert (f.value, f.threshold) == (0.30, 0.30)
-    text = f.details()
-    assert text.startswith("RuleEvaluationConditionMet: Evaluation of the rule LossNotDecreasing at step 12")
-    assert "0.3" in text and "step 0" in text and "num_steps=10" in text
+def test_sparse_saves_compare_points_as_sagemaker_does() -> None:
+    # losses saved every 3 steps from step 9, num_steps 10: SageMaker's documented example.
+    # The checks are steps 21 (vs the block {9}) and 33 (block 24-33 vs block 12-21).
+    steps = losses([(s, 10.0 - 0.1 * s) for s in range(9, 60, 3)])
+    out = run(make("LossNotDecreasing", num_steps="10"), steps)
+    assert out.fired_at is None and out.state.checks == 4
+    flat_from_24 = losses([(s, 10.0 - 0.1 * min(s, 21)) for s in range(9, 60, 3)])
+    out = run(make("LossNotDecreasing", num_steps="10"), flat_from_24)
+    assert out.fired_at == 45  # block 36-45 equals block 24-33: both flat
+    # one loss per block: exactly the point comparison (step 520 vs step 0, 1040 vs 520)
+    sparse = losses([(0, 1.0), (520, 0.9), (1040, 0.9)])
+    out = run(make("LossNotDecreasing", num_steps="500"), sparse)
+    assert out.fired_at == 1040 and (out.finding.value, out.finding.threshold) == (0.9, 0.9)
 
 
-def test_decreasing_loss_never_fires() -> None:
-    out = run(make("LossNotDecreasing"), losses([(s, 1.0 / (1 + s)) for s in range(0, 300, 3)]))
-    assert out.fired_at is None
+def test_exactly_flat_loss_fires_at_diff_percent_0() -> None:
+    # learning rate 0 from step 59: the loss is exactly 0.668413 (a sum of equal floats is not)
+    vals = [2.0 - 0.02 * s for s in range(59)] + [0.668413] * 241
+    out = run(make("LossNotDecreasing"), losses(list(enumerate(vals))))
+    assert out.fired_at is not None and 150 <= out.fired_at <= 201
+    assert "not lower than" in out.finding.message and "diff_percent=0%" in out.finding.message
 
 
-def _every_3_from_9(overrides: dict[int, float]) -> list:
-    return losses([(s, overrides.get(s, 10.0 - 0.1 * s)) for s in range(9, 60, 3)])
+def test_noisy_decreasing_loss_does_not_fire() -> None:
+    rng = np.random.default_rng(0)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        vals = [(1.0 / (1 + 0.02 * s)) * (1 + rng.normal(0, 0.05)) for s in range(600)]  # 5% noise
+        out = run(make("LossNotDecreasing"), losses(list(enumerate(vals))))
+        assert out.fired_at is None and out.state.checks == 11, seed
+    # the same noise compared point to point (num_steps 1, every step a block) fires
+    out = run(make("LossNotDecreasing", num_steps="1"), losses(list(enumerate(vals))))
+    assert out.fired_at is not None
 
 
-def test_documented_schedule_step_21_vs_9_then_33() -> None:
-    # saved every 3 steps, num_steps 10: step 21 is compared with step 9...
-    out = run(make("LossNotDecreasing"), _every_3_from_9({21: 10.0 - 0.9}))
-    assert out.fired_at == 21
-    assert out.finding.threshold == 10.0 - 0.9
-    # ...steps 24-30 are not checks (a bad loss there goes unnoticed), the next check is 33 vs 21
-    out = run(make("LossNotDecreasing"), _every_3_from_9({24: 99.0, 27: 99.0, 30: 99.0, 33: 10.0 - 2.1}))
-    assert out.fired_at == 33
-    assert "step 21" in out.finding.message
+def test_rising_loss_fires() -> None:
+    vals = [1.0 - 0.005 * s for s in range(100)] + [0.5 + 0.01 * s for s in range(100)]
+    out = run(make("LossNotDecreasing"), losses(list(enumerate(vals))))
+    assert out.fired_at == 150 and out.finding.tensor == "TRAIN loss"
 
 
 def test_diff_percent() -> None:
-    steps = losses([(0, 1.0), (10, 0.95)])
-    assert run(make("LossNotDecreasing", diff_percent="10"), steps).fired_at == 10
-    assert run(make("LossNotDecreasing", diff_percent="1"), steps).fired_at is None
+    steps = losses([(0, 1.0), (10, 0.95), (20, 0.90)])
+    assert run(make("LossNotDecreasing", num_steps="10", diff_percent="10"), steps).fired_at == 10
+    assert run(make("LossNotDecreasing", num_steps="10", diff_percent="1"), steps).fired_at is None
 
 
-def test_increase_threshold_percent() -> None:
-    steps = losses([(0, 1.0), (5, 0.5), (10, 0.9)])  # lower than step 0, but 80% above the best
-    assert run(make("LossNotDecreasing"), steps).fired_at == 10
-    assert run(make("LossNotDecreasing", increase_threshold_percent="None"), steps).fired_at is None
+def test_increase_threshold_percent_only_when_given() -> None:
+    # each block lower than the previous, but 2 blocks later 80% above the lowest: needs the parameter
+    steps = losses([(0, 1.0), (10, 0.5), (20, 0.95), (30, 0.9)])
+    assert run(make("LossNotDecreasing", num_steps="10"), steps).fired_at == 20  # 0.95 > 0.5: not lower
+    steps = losses([(0, 1.0), (10, 0.5), (20, 0.4), (30, 0.3)])
+    assert (
+        run(make("LossNotDecreasing", num_steps="10", increase_threshold_percent="5"), steps).fired_at is None
+    )
+    assert LossNotDecreasing.Config().increase_threshold_percent is None
 
 
-def test_nan_loss_at_a_check_fires() -> None:
-    out = run(make("LossNotDecreasing"), losses([(0, 1.0), (10, math.nan)]))
-    assert out.fired_at == 10
+def test_nan_in_a_block_fires() -> None:
+    out = run(
+        make("LossNotDecreasing", num_steps="10"), losses([(0, 1.0), (5, math.nan), (10, 0.5), (11, 0.4)])
+    )
+    assert out.fired_at == 10 and math.isnan(out.finding.value)
 
 
-def test_mode_none_prefers_eval_once_present() -> None:
-    # TRAIN flat (would fire), EVAL decreasing from the start: EVAL is the chosen mode
-    steps = [step_data(s, train=1.0, eval=1.0 / (1 + s)) for s in range(0, 40)]
-    assert run(make("LossNotDecreasing"), steps).fired_at is None
-    assert run(make("LossNotDecreasing", mode="TRAIN"), steps).fired_at == 10
-    # before any EVAL loss, TRAIN is the chosen mode
-    train_only = [step_data(s, train=1.0) for s in range(0, 40)]
-    assert run(make("LossNotDecreasing"), train_only).fired_at == 10
+def test_mode_none_prefers_eval_once_it_compared() -> None:
+    # TRAIN flat (would fire), EVAL decreasing, evaluated every 10 training steps
+    steps = [step_data(s, train=1.0, eval=(1.0 / (1 + s) if s % 10 == 0 else None)) for s in range(300)]
+    out = run(make("LossNotDecreasing"), steps)
+    assert out.fired_at is None and list(out.state.tracks) == ["EVAL"]
+    assert run(make("LossNotDecreasing", mode="TRAIN"), steps).fired_at == 50
+    train_only = [step_data(s, train=1.0) for s in range(300)]
+    assert run(make("LossNotDecreasing"), train_only).fired_at == 50
 
 
-def test_eval_counts_its_own_mode_steps() -> None:
-    # EVAL saved at global steps 100, 200, ... with mode steps 0, 1, 2, ...: num_steps counts mode steps
-    steps = [step_data(100 * (i + 1), eval=1.0, mode_step=i) for i in range(12)]
-    out = run(make("LossNotDecreasing", mode="EVAL"), steps)
-    assert out.fired_at == 1100  # mode step 10
-    assert "global step 1100" in out.finding.message
+def test_train_is_judged_while_eval_cannot_compare() -> None:
+    # 16 EVAL steps in one evaluation at training step 20; TRAIN losses NaN from step 30 (issue 10)
+    steps = [step_data(s, train=(1.0 if s < 30 else math.nan), mode_step=s) for s in range(200)]
+    evaluation = [StepData.from_headers([header(200 + i, {"EVAL": M(i, {"loss": 0.5})})]) for i in range(16)]
+    job = steps[:21] + evaluation + steps[21:]
+    out = run(make("LossNotDecreasing"), job)
+    assert out.fired_at is not None and out.finding.tensor == "TRAIN loss" and math.isnan(out.finding.value)
+
+
+def test_eval_windows_count_training_steps_not_eval_steps() -> None:
+    # each evaluation is 5 EVAL steps (EVAL mode steps 5k..5k+4) after every 20 training steps;
+    # the global step counts every forward. Blocks are 50 training steps of evaluations.
+    job, g, e = [], 0, 0
+    for t in range(200):
+        job.append(StepData.from_headers([header(g, {"TRAIN": M(t, {"loss": 1.0 / (1 + t)})})]))
+        g += 1
+        if t % 20 == 19:
+            for _ in range(5):
+                job.append(StepData.from_headers([header(g, {"EVAL": M(e, {"loss": 0.7})})]))
+                g, e = g + 1, e + 1
+    out = run(make("LossNotDecreasing"), job)
+    # evaluations at training steps 19, 39, ..., 199: blocks {19} and (19, 79]: flat -> fires
+    assert out.fired_at is not None and out.finding.tensor == "EVAL loss"
+    assert "training steps 39-79" in out.finding.message and "over steps 19-19" in out.finding.message
 
 
 def test_global_mode_and_losses_by_regex() -> None:
     steps = [step_data(s, train=None) for s in range(3)]
     assert run(make("LossNotDecreasing"), steps).fired_at is None  # no loss at all: never fires
-    from rulejobs import header, scalar
-    from trainguard.rules.base import StepData
 
     def g(s: int, v: float) -> StepData:
-        return StepData.from_headers([header(s, {"GLOBAL": M(None, {"my_loss": scalar(v, ["metrics"])})})])
+        return StepData.from_headers([header(s, {"GLOBAL": M(s, {"my_loss": scalar(v, ["metrics"])})})])
 
     flat = [g(s, 2.0) for s in range(0, 30, 5)]
-    assert run(make("LossNotDecreasing"), flat).fired_at is None  # not in "losses"
-    assert run(make("LossNotDecreasing", tensor_regex="my_.*"), flat).fired_at == 10
-    assert run(make("LossNotDecreasing", collection_names="metrics,other"), flat).fired_at == 10
+    assert run(make("LossNotDecreasing", num_steps="10"), flat).fired_at is None  # not in "losses"
+    assert run(make("LossNotDecreasing", num_steps="10", tensor_regex="my_.*"), flat).fired_at == 10
+    assert (
+        run(make("LossNotDecreasing", num_steps="10", collection_names="metrics,other"), flat).fired_at == 10
+    )
 
 
 def test_parameters_from_sagemaker_strings() -> None:
@@ -116,8 +155,13 @@ def test_parameters_from_sagemaker_strings() -> None:
     assert cfg.tensor_regex == (r"loss_\d{1,3}", "val.*")
     assert cfg.collection_names is None
     d = LossNotDecreasing.Config()
-    assert (d.num_steps, d.diff_percent, d.use_losses_collection, d.mode) == (10, 0.0, True, None)
-    assert d.increase_threshold_percent == 5.0
+    assert (d.num_steps, d.window, d.diff_percent, d.use_losses_collection, d.mode) == (
+        None,
+        50,
+        0.0,
+        True,
+        None,
+    )
 
 
 def test_bad_parameters_become_errors() -> None:
@@ -130,18 +174,17 @@ def test_bad_parameters_become_errors() -> None:
 
 
 def test_state_stays_small_after_100000_steps() -> None:
-    # num_steps far above MAX_WINDOW with a loss every step: the window is thinned
     rule = make("LossNotDecreasing", num_steps="5000")
     steps = (fast_step(s, {"TRAIN": M(None, {"loss": 1e6 - s})}) for s in range(LONG))
     state, fired = long_run(rule, steps)
-    assert fired is None
-    assert len(state.tracks["TRAIN"].window) <= MAX_WINDOW + 1
-    assert state_bytes(rule, state) < 4096
-    # default num_steps, TRAIN then EVAL (TRAIN's track is dropped once EVAL appears)
+    assert fired is None and state_bytes(rule, state) < 2048
+    # TRAIN then EVAL: TRAIN's track is dropped once EVAL has compared
     rule = make("LossNotDecreasing")
     steps = (
         fast_step(
-            s, {"EVAL": M(s - 101, {"loss": 1e6 - s})} if s > 100 else {"TRAIN": M(None, {"loss": 1.0 - s})}
+            s,
+            {"TRAIN": M(s, {"loss": 1e6 - s})}
+            | ({"EVAL": M(s // 10, {"loss": 1e6 - s})} if s % 10 == 0 else {}),
         )
         for s in range(SHORT)
     )

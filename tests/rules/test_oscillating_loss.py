@@ -1,47 +1,84 @@
-"""Golden tests for OscillatingLoss."""
+"""Golden tests for OscillatingLoss: a smoothed loss, swings from extreme to extreme."""
 
 from __future__ import annotations
 
-from rulejobs import LONG, config_error, long_run, losses, make, run, state_bytes
+import numpy as np
+from rulejobs import LONG, M, config_error, header, long_run, losses, make, run, state_bytes
 from trainguard.rules.base import StepData
 
 
-def test_zigzag_fires_once_share_reached() -> None:
-    # decreasing smoothly for 10 evaluations, then zig-zagging by 0.1: every change a swing
-    vals = [2.0 - 0.05 * i for i in range(11)] + [1.5 + (0.1 if i % 2 == 0 else 0.0) for i in range(10)]
-    out = run(make("OscillatingLoss"), losses(enumerate(vals)))
-    # evaluations 1..10 are smooth; every change from index 11 on reverses the previous one
-    # (11 goes up after the descent): 3 swings of 13 evaluations = 23% at index 13
-    assert out.fired_at == 13
-    assert out.finding.value >= 20.0 and out.finding.threshold == 20.0
+def square_wave(steps: int, period: int, amplitude: float, noise: float = 0.0, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    vals = [
+        1.0 + (amplitude if (t // (period // 2)) % 2 else 0.0) + rng.normal(0, noise) for t in range(steps)
+    ]
+    return losses(list(enumerate(vals)))
+
+
+def test_slow_oscillation_fires() -> None:
+    # up and down by 0.3 every 20 training steps: blocks of 10 turn every 2 evaluations (50%)
+    out = run(make("OscillatingLoss"), square_wave(300, 40, 0.3, noise=0.02))
+    assert out.fired_at is not None and out.finding.value >= 20.0 and out.finding.threshold == 20.0
+    assert "10 training steps" in out.finding.message
+
+
+def test_mini_batch_zigzag_is_smoothed_away() -> None:
+    # the loss alternates by 0.1 every step (mini-batch noise): block means are flat
+    zigzag = square_wave(300, 2, 0.1)
+    assert run(make("OscillatingLoss"), zigzag).fired_at is None
+    # judged on every step, as the rule was before smoothing, it fires
+    assert run(make("OscillatingLoss", smoothing_steps="1"), zigzag).fired_at is not None
+
+
+def test_noisy_healthy_decrease_never_fires() -> None:
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        vals = [(2.0 / (1 + 0.03 * t)) * (1 + rng.normal(0, 0.05)) for t in range(400)]
+        assert run(make("OscillatingLoss"), losses(list(enumerate(vals)))).fired_at is None, seed
 
 
 def test_fast_steady_decrease_is_not_a_swing() -> None:
-    vals = [10.0 - 0.5 * i for i in range(30)]
-    assert run(make("OscillatingLoss"), losses(enumerate(vals))).fired_at is None
+    vals = [10.0 - 0.02 * i for i in range(300)]
+    assert run(make("OscillatingLoss"), losses(list(enumerate(vals)))).fired_at is None
 
 
-def test_small_noise_below_swing() -> None:
-    vals = [1.0 + (0.01 if i % 2 else 0.0) for i in range(40)]
-    assert run(make("OscillatingLoss"), losses(enumerate(vals))).fired_at is None
-    assert run(make("OscillatingLoss", swing="0.005"), losses(enumerate(vals))).fired_at == 10
+def test_small_swings_below_swing() -> None:
+    small = square_wave(300, 40, 0.02)
+    assert run(make("OscillatingLoss"), small).fired_at is None
+    assert run(make("OscillatingLoss", swing="0.01"), small).fired_at is not None
 
 
-def test_mode_and_window() -> None:
-    vals = [1.0 + (0.1 if i % 2 else 0.0) for i in range(20)]
-    assert run(make("OscillatingLoss"), losses(enumerate(vals), mode="EVAL")).fired_at is None
-    assert run(make("OscillatingLoss", mode="EVAL"), losses(enumerate(vals), mode="EVAL")).fired_at == 10
+def test_eval_mode_judges_validation_passes() -> None:
+    # 20 evaluations of 3 EVAL batches each, alternating 1.0 / 1.2 per pass
+    steps, g = [], 0
+    for i in range(20):
+        for t in range(10):
+            steps.append(StepData.from_headers([header(g, {"TRAIN": M(10 * i + t, {"loss": 1.0})})]))
+            g += 1
+        for _ in range(3):
+            steps.append(StepData.from_headers([header(g, {"EVAL": M(g, {"loss": 1.0 + 0.2 * (i % 2)})})]))
+            g += 1
+    out = run(make("OscillatingLoss", mode="EVAL"), steps)
+    assert out.fired_at is not None and "one validation pass" in out.finding.message
+    assert run(make("OscillatingLoss"), steps).fired_at is None  # TRAIN is flat
 
 
 def test_parameters() -> None:
     c = make("OscillatingLoss", swing="0.1", swing_percent="30", window="20", min_evaluations="5").config
-    assert (c.swing, c.swing_percent, c.window, c.min_evaluations) == (0.1, 30.0, 20, 5)
+    assert (c.swing, c.swing_percent, c.window, c.min_evaluations, c.smoothing_steps) == (
+        0.1,
+        30.0,
+        20,
+        5,
+        10,
+    )
     assert "window" in config_error("OscillatingLoss", window="1")
     assert "swing_percent" in config_error("OscillatingLoss", swing_percent="200")
+    assert "smoothing_steps" in config_error("OscillatingLoss", smoothing_steps="0")
 
 
 def test_state_bounded() -> None:
-    rule = make("OscillatingLoss", swing_percent="100")
+    rule = make("OscillatingLoss", swing_percent="100", smoothing_steps="1")
     up, down = losses([(0, 1.0), (1, 0.0)])
     state, _ = long_run(rule, (StepData(s, (up if s % 2 else down).workers) for s in range(LONG)))
-    assert len(state.recent) == 50 and state_bytes(rule, state) < 300
+    assert len(state.recent) == 50 and state_bytes(rule, state) < 500

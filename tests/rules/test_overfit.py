@@ -20,10 +20,10 @@ def epochs(val_by_epoch: list[float], train: float = 1.0, train_steps: int = 4, 
 
 def test_fires_when_evaluation_ratio_exceeds_threshold() -> None:
     # epoch layout: TRAIN 0-3, EVAL 4-5, TRAIN 6-9, EVAL 10-11, TRAIN 12-15, EVAL 16-17
-    out = run(make("Overfit"), epochs([1.05, 1.08, 1.2]))
+    out = run(make("Overfit", patience="1"), epochs([1.05, 1.08, 1.2]))
     assert out.fired_at == 17  # judged at the end of the job (finish), names the evaluation's last step
     assert abs(out.finding.value - 0.2) < 1e-9 and out.finding.threshold == 0.1
-    out = run(make("Overfit"), epochs([1.05, 1.2, 1.0]))
+    out = run(make("Overfit", patience="1"), epochs([1.05, 1.2, 1.0]))
     assert out.fired_at == 11 and out.steps_run == 13  # judged when training resumes at step 12
 
 
@@ -34,19 +34,19 @@ def test_patience_needs_consecutive_evaluations() -> None:
 
 
 def test_start_step_and_ratio_threshold() -> None:
-    assert run(make("Overfit", start_step="12"), epochs([1.5, 1.0])).fired_at is None
-    assert run(make("Overfit", ratio_threshold="0.6"), epochs([1.5])).fired_at is None
-    assert run(make("Overfit", ratio_threshold="0.4"), epochs([1.5])).fired_at == 5
+    assert run(make("Overfit", patience="1", start_step="12"), epochs([1.5, 1.0])).fired_at is None
+    assert run(make("Overfit", patience="1", ratio_threshold="0.6"), epochs([1.5])).fired_at is None
+    assert run(make("Overfit", patience="1", ratio_threshold="0.4"), epochs([1.5])).fired_at == 5
 
 
 def test_train_and_eval_in_the_same_step() -> None:
     steps = [step_data(s, train=1.0, eval=1.0 + 0.04 * s) for s in range(5)]
-    assert run(make("Overfit"), steps).fired_at == 3  # (1.12 - 1) / 1 > 0.1; 1.08 is not
+    assert run(make("Overfit", patience="1"), steps).fired_at == 3  # (1.12 - 1) / 1 > 0.1; 1.08 is not
 
 
 def test_needs_both_modes() -> None:
-    assert run(make("Overfit"), [step_data(s, train=1.0) for s in range(10)]).fired_at is None
-    assert run(make("Overfit"), [step_data(s, eval=5.0) for s in range(10)]).fired_at is None
+    assert run(make("Overfit", patience="1"), [step_data(s, train=1.0) for s in range(10)]).fired_at is None
+    assert run(make("Overfit", patience="1"), [step_data(s, eval=5.0) for s in range(10)]).fired_at is None
 
 
 def test_parameters() -> None:
@@ -76,3 +76,17 @@ def test_state_bounded() -> None:
     state, fired = long_run(rule, gen())
     assert fired is None and state.over == SHORT // 10 - 1
     assert state_bytes(rule, state) < 400
+
+
+def test_trainguard_default_patience_is_three_evaluations() -> None:
+    assert make("Overfit").config.evaluations == 3
+    one_bad = epochs([1.05, 1.5, 1.05, 1.05])
+    assert run(make("Overfit"), one_bad).fired_at is None  # one noisy evaluation is not overfitting
+    assert run(make("Overfit"), epochs([1.05, 1.3, 1.4, 1.5])).fired_at is not None
+
+
+def test_start_step_counts_training_steps() -> None:
+    # an evaluation belongs to the training step it followed: the one at steps 10-11 follows
+    # TRAIN mode step 9, before start_step 10 (these helpers number TRAIN mode steps globally)
+    out = run(make("Overfit", patience="1", start_step="10"), epochs([1.5, 1.5, 1.5]))
+    assert out.fired_at == 17

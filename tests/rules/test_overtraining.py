@@ -1,43 +1,87 @@
-"""Golden tests for Overtraining."""
+"""Golden tests for Overtraining: validation evaluations by default, relative delta."""
 
 from __future__ import annotations
 
-from rulejobs import SHORT, config_error, long_run, make, repeat, run, state_bytes, step_data
+import math
+
+from rulejobs import SHORT, M, config_error, header, long_run, make, repeat, run, state_bytes, step_data
+from trainguard.rules.base import StepData
 
 
-def test_training_loss_plateau_fires_after_patience_train() -> None:
-    # improves by >= 0.1 until step 3 (best 0.7), then only by 0.01 per step: stale 1..5
-    vals = [1.0, 0.9, 0.8, 0.7, 0.69, 0.68, 0.67, 0.66, 0.65, 0.64]
-    out = run(make("Overtraining"), [step_data(s, train=v) for s, v in enumerate(vals)])
-    assert out.fired_at == 8
-    assert "patience_train=5" in out.finding.message and out.finding.value == 5.0
+def evaluations(vals: list[float], train_steps: int = 20, batches: int = 3) -> list[StepData]:
+    """Each evaluation: ``train_steps`` TRAIN steps, then ``batches`` EVAL steps at loss ``val``."""
+    steps, g, t, e = [], 0, 0, 0
+    for val in vals:
+        for _ in range(train_steps):
+            steps.append(StepData.from_headers([header(g, {"TRAIN": M(t, {"loss": 1.0 / (1 + t)})})]))
+            g, t = g + 1, t + 1
+        for _ in range(batches):
+            steps.append(StepData.from_headers([header(g, {"EVAL": M(e, {"loss": val})})]))
+            g, e = g + 1, e + 1
+    steps.append(StepData.from_headers([header(g, {"TRAIN": M(t, {"loss": 0.01})})]))
+    return steps
 
 
-def test_validation_plateau_needs_patience_validation() -> None:
-    steps = [step_data(s, train=10.0 - s, eval=0.5) for s in range(12)]  # train keeps improving by 1
-    out = run(make("Overtraining"), steps)
-    assert out.fired_at == 10  # 10 EVAL steps without improvement after the first
-    assert "validation" in out.finding.message
-    assert run(make("Overtraining", patience_validation="20"), steps).fired_at is None
+def test_validation_plateau_fires_after_patience_validation_evaluations() -> None:
+    vals = [1.0, 0.8, 0.7] + [0.699] * 10  # 0.1% better than the best: not 1%
+    out = run(make("Overtraining"), evaluations(vals))
+    assert out.fired_at is not None and out.state.stale_validation == 10
+    assert "patience_validation=10" in out.finding.message and "delta_percent=1%" in out.finding.message
+    assert run(make("Overtraining"), evaluations([1.0, 0.8, 0.7] + [0.699] * 9)).fired_at is None
 
 
-def test_steady_improvement_never_fires() -> None:
-    steps = [step_data(s, train=100.0 - s, eval=100.0 - s) for s in range(50)]
-    assert run(make("Overtraining"), steps).fired_at is None
+def test_evaluations_not_eval_batches_are_counted() -> None:
+    # 12 evaluations of 10 batches each: 120 EVAL steps, only 11 evaluations after the best
+    vals = [1.0] + [1.0] * 9
+    assert run(make("Overtraining"), evaluations(vals, batches=10)).fired_at is None
 
 
-def test_delta_and_nan() -> None:
-    vals = [1.0, 0.95, 0.92, 0.91]
-    steps = [step_data(s, train=v) for s, v in enumerate(vals)]
-    assert run(make("Overtraining", patience_train="3", delta="0.01"), steps).fired_at is None
-    assert run(make("Overtraining", patience_train="3"), steps).fired_at == 3  # never 0.1 below the best 1.0
-    nan = [step_data(0, train=1.0), step_data(1, train=float("nan")), step_data(2, train=0.5)]
-    assert run(make("Overtraining", patience_train="2"), nan).fired_at is None  # NaN is stale, 0.5 resets
+def test_steadily_improving_validation_never_fires() -> None:
+    vals = [1.0 * 0.97**i for i in range(40)]
+    assert run(make("Overtraining"), evaluations(vals)).fired_at is None
+
+
+def test_sagemaker_delta_is_absolute_when_given() -> None:
+    vals = [10.0 - 0.04 * i for i in range(15)]  # 0.4% better each evaluation: stale in percent
+    assert run(make("Overtraining", patience_validation="2"), evaluations(vals)).fired_at is not None
+    # absolute: 0.04 per evaluation beats delta 0.01; delta 0.1 needs 3 evaluations: stale twice
+    lenient, strict = (
+        make("Overtraining", delta="0.01", patience_validation="2"),
+        make("Overtraining", delta="0.1", patience_validation="2"),
+    )
+    assert run(lenient, evaluations(vals)).fired_at is None
+    assert run(strict, evaluations(vals)).fired_at is not None
+    assert "not both" in config_error("Overtraining", delta="0.1", delta_percent="1")
+
+
+def test_training_loss_is_judged_only_when_patience_train_is_given() -> None:
+    # a TRAIN loss flat from step 100, no validation at all
+    steps = [step_data(s, train=max(1.0 - 0.01 * s, 0.0) + 0.5) for s in range(300)]
+    assert run(make("Overtraining"), steps).fired_at is None  # not judged (and no EVAL: Error at the end)
+    out = run(make("Overtraining", patience_train="50"), steps)
+    assert out.fired_at is not None and 140 <= out.fired_at <= 200
+    assert "training steps" in out.finding.message
+
+
+def test_noisy_training_loss_with_explicit_patience_is_smoothed() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    steps = [step_data(s, train=(2.0 / (1 + 0.05 * s)) * (1 + rng.normal(0, 0.05))) for s in range(300)]
+    assert run(make("Overtraining", patience_train="25"), steps).fired_at is None
+
+
+def test_nan_never_improves() -> None:
+    vals = [1.0, math.nan, math.nan, math.nan]
+    out = run(make("Overtraining", patience_validation="3"), evaluations(vals))
+    assert out.fired_at is not None
 
 
 def test_parameters() -> None:
     c = make("Overtraining", patience_train="3", patience_validation="4", delta="0.5").config
     assert (c.patience_train, c.patience_validation, c.delta) == (3, 4, 0.5)
+    d = make("Overtraining").config
+    assert (d.patience_train, d.patience_validation, d.delta, d.delta_percent) == (None, 10, None, None)
     assert "patience_train" in config_error("Overtraining", patience_train="0")
     assert "delta" in config_error("Overtraining", delta="-1")
 
@@ -45,4 +89,4 @@ def test_parameters() -> None:
 def test_state_bounded() -> None:
     rule = make("Overtraining", patience_train="1000000", patience_validation="1000000")
     state, fired = long_run(rule, repeat(step_data(0, train=1.0, eval=2.0), SHORT))
-    assert fired is None and state.stale_train == SHORT - 1 and state_bytes(rule, state) < 300
+    assert fired is None and state_bytes(rule, state) < 600

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from rulejobs import SHORT, config_error, long_run, make, repeat, run, state_bytes, step_data, tensor
+from rulejobs import SHORT, config_error, long_run, make, run, state_bytes, step_data, tensor
 
 RNG = np.random.default_rng(0)
 
@@ -69,5 +69,11 @@ def test_parameters() -> None:
 
 def test_state_bounded() -> None:
     rule = make("PoorWeightInitialization", patience="1000000")
-    state, fired = long_run(rule, repeat(init_step(0, [1.0, 1.0], 1.0), SHORT))
-    assert fired is None and state.steps_seen == 10 and state_bytes(rule, state) < 200
+    state, fired = long_run(rule, (init_step(s, [1.0, 1.0], 1.0) for s in range(SHORT)))
+    assert fired is None and state.steps_seen == 10 and state_bytes(rule, state) < 400
+
+
+def test_steps_count_training_steps_not_saves() -> None:
+    # saved every 5 training steps: the first 10 training steps hold 2 saves (0 and 5)
+    out = run(make("PoorWeightInitialization"), [init_step(s, [1.0, 1.0], 1.0) for s in range(0, 100, 5)])
+    assert out.state.steps_seen == 2

@@ -8,6 +8,7 @@ import pkgutil
 from pathlib import Path
 
 import trainguard.rules as rules_pkg
+from trainguard.rules._common import TrainingClock
 from trainguard.rules.base import Rule, RuleConfig, RuleState
 from trainguard.rules.catalog import describe_rules
 from trainguard.rules.config import DEFAULT_RULES, parse_rule_configurations
@@ -70,8 +71,15 @@ def test_every_rule_is_well_formed() -> None:
 
 
 #: rules whose state holds a container; their state-size test must run LONG (100,000) steps
-CONTAINER_STATES = {"LossNotDecreasing", "UnchangedTensor", "WeightUpdateRatio", "ClassImbalance"}
-SCALARS = (int, float, bool, str, int | None, float | None, str | None, bool | None)
+CONTAINER_STATES = {
+    "LossNotDecreasing",
+    "UnchangedTensor",
+    "WeightUpdateRatio",
+    "ClassImbalance",
+    "Confusion",
+}
+#: TrainingClock is two scalars (the clock every window counts on)
+SCALARS = (int, float, bool, str, int | None, float | None, str | None, bool | None, TrainingClock)
 
 
 def test_state_is_scalars_or_a_tested_container() -> None:
@@ -93,7 +101,7 @@ def test_every_rule_appears_in_the_catalog() -> None:
         assert row["kind"] == cls.kind and row["summary"] == cls.summary and row["advice"] == cls.advice
         assert list(row["parameters"]) == list(cls.Config.model_fields)
     lnd = rows["LossNotDecreasing"]["parameters"]
-    assert lnd["num_steps"] == "10" and lnd["mode"] == "None" and lnd["use_losses_collection"] == "True"
+    assert lnd["num_steps"] == "None" and lnd["mode"] == "None" and lnd["use_losses_collection"] == "True"
     assert rows["DeadRelu"]["parameters"]["tensor_regex"] == ".*relu_output"
     assert rows["SaturatedActivation"]["parameters"]["tensor_regex"] == ".*tanh_input|.*sigmoid_input"
     assert rows["SimilarAcrossRuns"]["required"] == ["other_trials"]

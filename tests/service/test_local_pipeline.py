@@ -94,7 +94,14 @@ def test_faulty_job_is_alerted_once_and_stopped(cloud):
 
 
 def test_clean_job_ends_with_no_issues(cloud):
-    job = SyntheticJob("clean-1", steps=list(range(0, 80, 2)), loss=noisy_decreasing(2))
+    train = noisy_decreasing(2)
+    job = SyntheticJob(
+        "clean-1",
+        steps=list(range(0, 80, 2)),
+        loss=train,
+        # Overfit compares validation with training: without EVAL losses it cannot pass
+        eval_loss=lambda s, w: 1.02 * train(s, w) if s % 10 == 0 else None,
+    )
     put(cloud, job.job, job.objects())
     assert cloud.wait_idle(30)
     from trainguard.engine.store import StateStore
@@ -120,7 +127,13 @@ def test_clean_job_ends_with_no_issues(cloud):
 def test_bad_input_goes_to_the_dlq_with_a_reason_and_other_jobs_go_on(cloud):
     s3 = clients.client("s3")
     bucket = cloud.resources.bucket
-    good = SyntheticJob("good-1", steps=[0, 1, 2], loss=lambda s, w: 1.0 - 0.1 * s)
+    # rules that can judge a 3-step job (LossNotDecreasing and Overfit need more: they would
+    # end Error, saying so, rather than pass)
+    checkable = [
+        {"RuleConfigurationName": n, "RuleParameters": {"rule_to_invoke": n}}
+        for n in ("VanishingGradient", "ExplodingTensor", "DeadRelu")
+    ]
+    good = SyntheticJob("good-1", steps=[0, 1, 2], loss=lambda s, w: 1.0 - 0.1 * s, rules=checkable)
     objects = good.objects()
     # a truncated object at a valid key of another job, a hostile header, a key outside the layout
     s3.put_object(

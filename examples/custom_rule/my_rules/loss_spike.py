@@ -11,7 +11,7 @@ import math
 import statistics
 
 from pydantic import Field
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState, StepData, fmt
+from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
 class LossSpikeConfig(RuleConfig):
@@ -28,6 +28,8 @@ class LossSpikeConfig(RuleConfig):
 class LossSpikeState(RuleState):
     #: the last ``window`` finite TRAIN losses, oldest first: bounded, so the state stays small
     recent: list[float] = Field(default_factory=list, max_length=500)
+    #: losses compared with the median (a new field has a default: stored states still load)
+    checked: int = 0
 
 
 class LossSpike(Rule[LossSpikeConfig, LossSpikeState]):
@@ -41,12 +43,25 @@ class LossSpike(Rule[LossSpikeConfig, LossSpikeState]):
     summary = "The TRAIN loss jumps above factor x its running median."
     advice = "Look for a bad batch or a learning-rate jump at that step; consider gradient clipping."
 
+    def reads(self) -> tuple[RuleInput, ...]:
+        """What the hook must save for this rule: TRAIN losses (and scalars matching tensor_regex)."""
+        regex = (self.config.tensor_regex,) if self.config.tensor_regex else ()
+        return (
+            RuleInput("TRAIN losses", collections=("losses",), regex=regex, scalars=True, modes=("TRAIN",)),
+        )
+
+    def coverage(self, state: LossSpikeState) -> Coverage:
+        """How much it checked: a job that never had min_steps losses ends Error, not NoIssuesFound."""
+        reason = f"fewer than min_steps={self.config.min_steps} TRAIN losses arrived" if state.recent else ""
+        return self.covered(state.checked, "TRAIN losses against their median", "compared", reason=reason)
+
     def update(self, state: LossSpikeState, step: StepData) -> tuple[LossSpikeState, list[Finding]]:
         cfg = self.config
         loss = step.loss("TRAIN", regex=cfg.tensor_regex)
         if loss is None or not math.isfinite(loss):
             return state, []
         if len(state.recent) >= cfg.min_steps:
+            state.checked += 1
             median = statistics.median(state.recent)
             if median > 0 and loss > cfg.factor * median:
                 return state, [

@@ -25,7 +25,7 @@ from typing import Any
 from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
 from trainguard.engine.model import JobInfo, JobState, RuleRecord, StepArrival, SystemArrival, Transition
 from trainguard.format.documents import EndMarker, Manifest
-from trainguard.rules.base import Finding, Rule, StepData
+from trainguard.rules.base import AnyRule, Coverage, Finding, Rule, StepData, SystemRule, merge_coverage
 from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
 from trainguard.rules.profiler.base import ProfilerRule
 
@@ -117,18 +117,16 @@ def apply_clock(state: JobState, now: float) -> Outcome:
     configured = {c.configuration_name: c for c in _configured(state.info)}
     for record in new.rules:
         rule = configured[record.name].rule if record.name in configured else None
-        if record.status != "InProgress" or rule is None:
+        if record.status != "InProgress" or rule is None or not rule.uses_clock:
             continue
         try:
-            if hasattr(rule, "check"):  # model-side clock rules (StalledTrainingRule)
-                rule_state, findings = rule.check(rule.load_state(record.state), now, started=new.created)
-                record.state = rule.dump_state(rule_state)
-            elif hasattr(rule, "check_clock"):  # profiler clock rules (MaxInitializationTime)
+            if isinstance(rule, SystemRule):  # judged per worker: the timer looks at worker 0's state
                 worker_state = rule.load_state(record.worker_states.get(0))
-                worker_state, findings = rule.check_clock(worker_state, now, new.created)
+                worker_state, findings = rule.check(worker_state, now, started=new.created)
                 record.worker_states[0] = rule.dump_state(worker_state)
             else:
-                continue
+                rule_state, findings = rule.check(rule.load_state(record.state), now, started=new.created)
+                record.state = rule.dump_state(rule_state)
         except Exception as exc:
             _set_status(
                 out, record, "Error", f"RuleEvaluationError on the timer: {type(exc).__name__}: {exc}", now
@@ -289,18 +287,18 @@ def _evaluate_step(
         if record.status not in ("InProgress", "Stopping"):
             continue
         configured = rules.get(record.name)
-        if configured is None or configured.rule is None or configured.rule.kind == "profiler":
-            continue
-        rule = configured.rule
+        rule = configured.rule if configured is not None else None
+        if not isinstance(rule, Rule):
+            continue  # a configuration error, or a system rule (judged on system batches)
         try:
             rule_state = rule.load_state(record.state)
             rule_state, findings = rule.update(rule_state, data)
-            compare = getattr(rule, "compare", None)
-            if compare is not None and other_steps is not None and not findings:
+            other_job = rule.compares_with()
+            if other_job is not None and other_steps is not None and not findings:
                 # a cross-job rule: the other job's data must be written already (a reference run)
-                other = other_steps(rule.config.other_job, data.step)
+                other = other_steps(other_job, data.step)
                 if other is not None:
-                    rule_state, findings = compare(rule_state, data, other)
+                    rule_state, findings = rule.compare(rule_state, data, other)
             record.state = rule.dump_state(rule_state)
         except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
             _set_status(
@@ -324,31 +322,53 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
             continue
         configured = rules.get(record.name)
         findings: list[Finding] = []
+        coverage: Coverage | None = None
         if configured is not None and configured.rule is not None:
             rule = configured.rule
             try:
-                if rule.kind == "profiler":
+                if isinstance(rule, SystemRule):
+                    covered: list[Coverage | None] = []
                     for worker in sorted(record.worker_states):
-                        findings += rule.finish(rule.load_state(record.worker_states[worker]))
+                        worker_state = rule.load_state(record.worker_states[worker])
+                        findings += rule.finish(worker_state)
+                        covered.append(rule.coverage(worker_state))
+                    coverage = merge_coverage(covered) if covered else rule.coverage(rule.initial_state())
                 else:
-                    findings = rule.finish(rule.load_state(record.state))
+                    rule_state = rule.load_state(record.state)
+                    findings = rule.finish(rule_state)
+                    coverage = rule.coverage(rule_state)  # after finish: it may judge a last window
             except Exception as exc:
                 _set_status(
                     out, record, "Error", f"RuleEvaluationError at job end: {type(exc).__name__}: {exc}", now
                 )
                 continue
+        steps = state.steps_evaluated
         if findings:
             _fire(out, record, findings[0], now)
         elif state.stopped or state.stop_requested:
             _set_status(
                 out, record, "Stopped", "The training job was stopped before the rule found issues.", now
             )
+        elif coverage is not None and not coverage.complete:
+            # a rule that never received what it reads has not checked the job: never a pass
+            _set_status(
+                out, record, "Error", f"RuleInputMissing: {coverage.starved(record.rule, steps)}", now
+            )
+        elif coverage is not None:
+            _set_status(
+                out,
+                record,
+                "NoIssuesFound",
+                f"NoIssuesFound: the rule {record.rule} {coverage.summary()} in {steps:,} steps "
+                f"(last step {state.watermark}) without finding issues.",
+                now,
+            )
         else:
             _set_status(
                 out,
                 record,
                 "NoIssuesFound",
-                f"NoIssuesFound: the rule {record.rule} evaluated {state.steps_evaluated} steps "
+                f"NoIssuesFound: the rule {record.rule} evaluated {steps} steps "
                 f"(last step {state.watermark}) without finding issues.",
                 now,
             )
@@ -446,5 +466,5 @@ def _configured_cached(key: str, rule_modules: str) -> list[ConfiguredRule]:
     return parse_rule_configurations(entries)
 
 
-def rule_objects(info: JobInfo) -> dict[str, Rule[Any, Any] | None]:
+def rule_objects(info: JobInfo) -> dict[str, AnyRule | None]:
     return {c.configuration_name: c.rule for c in _configured(info)}

@@ -6,14 +6,14 @@ Not a rule module (it defines no ``Rule`` subclass), so the registry guard ignor
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from trainguard.format.documents import Mode, TensorStats
 from trainguard.rules.base import RuleInput, StepData, TensorView, compiled
+from trainguard.rules.regex import RegexError
 
 #: SageMaker's order when a rule's ``mode`` is None: EVAL, else TRAIN, else GLOBAL
 MODE_PRIORITY: tuple[Mode, ...] = ("EVAL", "TRAIN", "GLOBAL")
@@ -54,10 +54,11 @@ def _check_regexes(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 
 def _check_regex(pattern: str) -> str:
+    """A job's pattern must compile for bounded-time matching (``trainguard.rules.regex``)."""
     try:
         compiled(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    except RegexError as exc:
+        raise ValueError(str(exc)) from None
     return pattern
 
 
@@ -215,6 +216,45 @@ def mode_step(step: StepData, mode: Mode) -> int:
         if record is not None:
             return record.mode_step
     return step.step
+
+
+class TrainingClock(BaseModel):
+    """The training step each step belongs to: the clock every window and patience counts.
+
+    A step with TRAIN data: its TRAIN mode step (the training steps before it). An EVAL or
+    PREDICT step: the last training step seen, so an evaluation belongs to the training step it
+    followed however many EVAL steps it took. A job that never saved TRAIN data (GLOBAL only:
+    XGBoost rounds, a loop without modes): its GLOBAL mode step, else the global step. Global
+    steps are not used as such: the PyTorch hook advances them on every forward, EVAL batches
+    included, so their spacing depends on how long and how often evaluations are.
+
+    Kept in a rule's state (two numbers).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    last: int | None = None
+    trained: bool = False
+
+    def tick(self, step: StepData) -> int:
+        train = _mode_step(step, "TRAIN")
+        if train is not None:
+            self.last, self.trained = train, True
+            return train
+        if not self.trained:
+            glob = _mode_step(step, "GLOBAL")
+            if glob is not None or self.last is None:
+                self.last = glob if glob is not None else step.step
+        assert self.last is not None
+        return self.last
+
+
+def _mode_step(step: StepData, mode: Mode) -> int | None:
+    for header in step.workers:
+        record = header.modes.get(mode)
+        if record is not None:
+            return record.mode_step
+    return None
 
 
 def finite(value: float) -> bool:

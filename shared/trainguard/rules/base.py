@@ -18,16 +18,16 @@ stored in one DynamoDB item with every other rule of the job.
 from __future__ import annotations
 
 import math
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from trainguard.format.documents import Mode, ScalarRecord, StepHeader, TensorRecord, TensorStats
+from trainguard.format.system import SystemBatch
+from trainguard.rules.regex import Matcher, compile_bounded
 
 MODES: tuple[Mode, ...] = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
 
@@ -144,13 +144,13 @@ class RuleInput:
             quoted = ", ".join(repr(c) for c in wanted)
             plural = "s" if len(wanted) > 1 else ""
             hints.append(f"include the {quoted} collection{plural} (include_collections=[..., {quoted}])")
-        if self.regex:
+        if self.regex and not self.collections:
             hints.append(f"save tensors whose names match {', '.join(repr(r) for r in self.regex)}")
-        if self.modes:
-            hints.append(f"in {'/'.join(self.modes)} mode (hook.set_mode)")
-        if not hints:
-            hints.append("save them with the hook")
-        return " or ".join(hints[:2]) + ("; " + "; ".join(hints[2:]) if hints[2:] else "")
+        text = " or ".join(hints) if hints else "save them with the hook"
+        if self.modes and set(self.modes) != {"TRAIN", "EVAL", "GLOBAL"}:
+            modes = "/".join(self.modes)
+            text += f", in {modes} mode (hook.set_mode('{self.modes[0]}') around that loop)"
+        return text
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,26 @@ class Coverage:
             return f"{rule} saw no {names} {where}: the hook saved none; {first.how_to_save()}."
         reason = self.reason or "none of the inputs it reads arrived"
         return f"{rule} {self.verb} no {self.unit} {where}: {reason}."
+
+
+def merge_coverage(items: Sequence[Coverage | None]) -> Coverage | None:
+    """One coverage for a rule judged in parts (a profiler rule's per-worker states).
+
+    Complete when any part is complete: a job's workers are judged together.
+    """
+    known = [c for c in items if c is not None]
+    if not known:
+        return None
+    complete = [c for c in known if c.complete]
+    first = complete[0] if complete else known[0]
+    return Coverage(
+        sum(c.checked for c in known),
+        first.unit,
+        first.verb,
+        () if complete else first.missing,
+        first.skipped,
+        first.reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -281,6 +301,12 @@ class StepData:
                     ):
                         yield TensorView(name, m, header.worker, tensor)
 
+    def select(self, item: RuleInput) -> Iterator[TensorView]:
+        """The tensors a (tensor) ``RuleInput`` selects, in every worker and mode it names."""
+        for view in self.tensors(None, item.collections or None, item.regex or None):
+            if not item.modes or view.mode in item.modes:
+                yield view
+
     def scalars(
         self, mode: Mode | None = None, collection: str | None = None
     ) -> Iterator[tuple[Mode, str, int, ScalarRecord]]:
@@ -302,7 +328,7 @@ class StepData:
 
         Losses are scalars in the ``losses`` collection, or scalars whose name matches ``regex``.
         """
-        pattern = re.compile(regex) if regex else None
+        pattern = compiled(regex) if regex else None
         values = [
             s.value
             for _, name, _, s in self.scalars(mode)
@@ -312,24 +338,31 @@ class StepData:
         return sum(values) / len(values) if values else None
 
 
-def _compile(regex: str | Sequence[str] | None) -> list[re.Pattern[str]] | None:
+def _compile(regex: str | Sequence[str] | None) -> list[Matcher] | None:
     if regex is None:
         return None
     items = [regex] if isinstance(regex, str) else list(regex)
     return [compiled(r) for r in items] if items else None
 
 
-@lru_cache(maxsize=256)
-def compiled(regex: str) -> re.Pattern[str]:
-    return re.compile(regex)
+def compiled(regex: str) -> Matcher:
+    """A job's pattern, compiled for bounded-time ``match`` (``trainguard.rules.regex``)."""
+    return compile_bounded(regex)
 
 
 C = TypeVar("C", bound=RuleConfig)
 S = TypeVar("S", bound=RuleState)
+#: what a rule is fed: ``StepData`` (model rules) or ``SystemBatch`` (system rules)
+D = TypeVar("D")
 
 
-class Rule(ABC, Generic[C, S]):
-    """Base class. Subclasses set ``name``, ``Config``, ``State`` and implement ``update``."""
+class BaseRule(ABC, Generic[C, S, D]):
+    """What every rule has, whatever it reads. Subclass ``Rule`` (model) or ``SystemRule``.
+
+    The engine drives every rule through these methods, declared here with no-op defaults so
+    it never probes for them: ``update`` per input, ``finish`` at the job's end, ``check`` on
+    the clock (``uses_clock``), ``coverage`` for the final status, ``reads`` for the hook.
+    """
 
     #: SageMaker's rule name (``rule_to_invoke``), PascalCase
     name: ClassVar[str]
@@ -338,8 +371,17 @@ class Rule(ABC, Generic[C, S]):
     #: one line for ``trainguard rules`` and the alert's "what to do"
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""
-    #: "model" rules read step objects; "profiler" rules read system samples; "clock" rules run on a schedule
+    #: "model" rules read step objects, "profiler" rules system batches; "clock" (model rules
+    #: also judged on a timer), "cross-job" (compared with another job), "report" (never fires)
     kind: ClassVar[str] = "model"
+    #: the engine's timer calls ``check`` for this rule
+    uses_clock: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a rule of kind "clock" (custom rules written before uses_clock) is on the timer
+        if cls.__dict__.get("kind") == "clock" and "uses_clock" not in cls.__dict__:
+            cls.uses_clock = True
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -370,7 +412,8 @@ class Rule(ABC, Generic[C, S]):
         checked and no ``reason`` is given, every input that never arrived is named as missing.
         """
         inputs = self.reads()
-        counts = [0] * len(inputs) if received is None else list(received)
+        # without counters, whatever was checked stands for every input
+        counts = [checked] * len(inputs) if received is None else list(received)
         if len(counts) != len(inputs):
             raise ValueError(f"{self.name}: {len(counts)} counters for {len(inputs)} inputs")
         absent = [i for i, n in zip(inputs, counts, strict=True) if n == 0]
@@ -382,12 +425,20 @@ class Rule(ABC, Generic[C, S]):
         return Coverage(checked, unit, verb, missing, skipped, reason)
 
     @abstractmethod
-    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
-        """Fold one step (all workers) into the state; a finding means the rule fired."""
+    def update(self, state: S, data: D) -> tuple[S, list[Finding]]:
+        """Fold one input (a step of all workers, or a system batch) into the state; a finding
+        means the rule fired."""
 
     def finish(self, state: S) -> list[Finding]:
-        """Called once when the job has ended and every step was evaluated."""
+        """Called once when the job has ended and every input was evaluated."""
         return []
+
+    def check(self, state: S, now: float, *, started: float | None = None) -> tuple[S, list[Finding]]:
+        """The timer's call (``uses_clock`` rules): judge at wall-clock ``now`` with no new data.
+
+        ``started`` is the job's start (its manifest's time). The default does nothing.
+        """
+        return state, []
 
     # helpers ---------------------------------------------------------------------------
     def finding(
@@ -407,6 +458,47 @@ class Rule(ABC, Generic[C, S]):
     @staticmethod
     def dump_state(state: RuleState) -> dict[str, Any]:
         return state.model_dump(mode="json")
+
+
+class Rule(BaseRule[C, S, StepData]):
+    """The model-rule base: ``update(state, step: StepData)``, per global step, in order.
+
+    Custom rules subclass this. A cross-job rule (``kind = "cross-job"``) also names the job it
+    compares with (``compares_with``) and implements ``compare``.
+    """
+
+    @abstractmethod
+    def update(self, state: S, step: StepData) -> tuple[S, list[Finding]]:
+        """Fold one step (all workers) into the state; a finding means the rule fired."""
+
+    def compares_with(self) -> str | None:
+        """The other job whose same step ``compare`` needs (None: not a cross-job rule)."""
+        return None
+
+    def compare(self, state: S, step: StepData, other: StepData) -> tuple[S, list[Finding]]:
+        """Judge this job's step against the other job's same step. The default does nothing."""
+        return state, []
+
+
+#: the model-rule base by its descriptive name (``Rule`` is kept for custom rules)
+ModelRule = Rule
+
+
+class SystemRule(BaseRule[C, S, SystemBatch]):
+    """The system-rule base (profiler rules): ``update(state, batch: SystemBatch)``, per worker.
+
+    See ``trainguard.rules.profiler.base.ProfilerRule`` for the profiler rules' shared helpers.
+    """
+
+    kind: ClassVar[str] = "profiler"
+
+    @abstractmethod
+    def update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:
+        """Fold one system batch (one worker's samples and step timings) into the state."""
+
+
+#: any rule, model or system
+AnyRule = BaseRule[Any, Any, Any]
 
 
 def fmt(value: float | None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainguard.rules.base import Rule, RuleConfig
+from trainguard.rules.base import AnyRule, RuleConfig
 from trainguard.rules.plugins import load_plugins, rule_class
 
 MAX_RULES_PER_JOB = 20  # SageMaker's limit
@@ -39,7 +39,7 @@ class ConfiguredRule:
     rule_name: str
     parameters: dict[str, str] = field(default_factory=dict)
     actions: tuple[str, ...] = DEFAULT_ACTIONS
-    rule: Rule[Any, Any] | None = None
+    rule: AnyRule | None = None
     error: str | None = None
 
 

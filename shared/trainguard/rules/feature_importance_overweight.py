@@ -88,10 +88,11 @@ class FeatureImportanceOverweight(Rule[FeatureImportanceOverweightConfig, Featur
         cfg = self.config
         groups: dict[tuple[int, str], dict[str, float]] = {}
         patterns = cfg.tensor_regex or ()
+        source = set(self.reads()[0].collections)
         for mode, name, worker, sc in step.scalars():
-            if any(compiled(p).match(name) for p in patterns):
+            if source.intersection(sc.collections) or any(compiled(p).match(name) for p in patterns):
                 groups.setdefault((worker, mode), {})[name] = sc.value
-        for view in step.tensors(regex=patterns):
+        for view in step.select(self.reads()[1]):
             stats = view.stats
             if stats is None:
                 continue

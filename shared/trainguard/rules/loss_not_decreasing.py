@@ -1,6 +1,8 @@
-"""LossNotDecreasing: the loss has not gone down over ``num_steps`` steps."""
+"""LossNotDecreasing: the loss has not gone down over ``num_steps`` training steps."""
 
 from __future__ import annotations
+
+import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,76 +13,108 @@ from trainguard.rules._common import (
     NonNegative,
     PositiveInt,
     RegexList,
+    TrainingClock,
     loss_inputs,
     loss_value,
-    mode_step,
 )
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
-#: at most this many saved losses are kept per mode between two checks (see ``_prune``)
-MAX_WINDOW = 64
+#: trainguard's ``num_steps`` when none is given (SageMaker's is 10, see the rule's docstring)
+DEFAULT_NUM_STEPS = 50
+#: two block means closer than this (relative) are equal: a sum of equal floats is not exact
+EQUAL_RTOL = 1e-9
 
 
 class LossNotDecreasingConfig(RuleConfig):
     collection_names: NameList = None
     tensor_regex: RegexList = None
     use_losses_collection: bool = True
-    num_steps: PositiveInt = 10
+    #: training steps between checks (None: ``DEFAULT_NUM_STEPS``)
+    num_steps: PositiveInt | None = None
     diff_percent: NonNegative = 0.0
-    #: later SageMaker docs; None disables the check
-    increase_threshold_percent: NonNegative | None = 5.0
+    #: the later SageMaker documentation's parameter; None (the default) disables the check
+    increase_threshold_percent: NonNegative | None = None
     mode: Mode | None = None
+
+    @property
+    def window(self) -> int:
+        return self.num_steps if self.num_steps is not None else DEFAULT_NUM_STEPS
 
 
 class Track(BaseModel):
-    """One mode's losses since its last check: ``(mode step, loss)``, oldest first."""
+    """One mode's blocks: the block being filled, and the mean of the previous one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    window: list[tuple[int, float]] = Field(default_factory=list)
+    #: training step that closed the previous block (None: no block closed yet)
     last_check: int | None = None
+    #: the training step that closes the current block (set once it is reached)
+    closing: int | None = None
+    block_sum: float = 0.0
+    block_n: int = 0
+    #: first and last training step, and last global step, of the current block
+    block_first: int | None = None
+    block_last: int | None = None
+    block_global: int = 0
+    #: mean of the previous block, and its training-step span
+    base: float | None = None
+    base_span: tuple[int, int] | None = None
+    #: lowest block mean so far (``increase_threshold_percent``)
     best: float | None = None
+    checks: int = 0
 
 
 class LossNotDecreasingState(RuleState):
-    tracks: dict[str, Track] = Field(default_factory=dict)
+    tracks: dict[str, Track] = Field(default_factory=dict, max_length=len(MODE_PRIORITY))
+    clock: TrainingClock = Field(default_factory=TrainingClock)
     #: comparisons made, and losses received
     checks: int = 0
     losses_seen: int = 0
 
 
 class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
-    """Fires when the loss at a check step is not lower than the loss ``num_steps`` earlier.
+    """Fires when the loss of a block of ``num_steps`` training steps is not lower than the
+    previous block's, by at least ``diff_percent`` % of it.
 
     Reads the loss of one mode (scalars in the ``losses`` collection unless
     ``use_losses_collection`` is False, plus scalars/tensors chosen by ``collection_names`` or
-    ``tensor_regex``; averaged over workers). Steps are counted in that mode's own steps
-    (``mode_step``), as SageMaker counts ``trial.steps(mode)``.
+    ``tensor_regex``; averaged over workers).
 
-    Checks: the first saved loss starts the schedule; a saved step ``s`` is a check when
-    ``s >= last_check + num_steps``, and its loss is compared with the newest saved loss at a
-    step ``<= s - num_steps`` (SageMaker's example: losses every 3 steps, num_steps 10: step 21
-    is compared with step 9, the next check is step 33). It fires unless the loss is lower
-    by at least ``diff_percent`` % of the earlier loss (0: any decrease passes; equal fails).
+    Schedule (SageMaker's): the first saved loss starts it; the first loss at a training step
+    ``t >= last_check + num_steps`` is a check. SageMaker compares the loss at the check with
+    the newest loss saved ``num_steps`` earlier; trainguard compares the *mean* of the losses
+    saved since the previous check (the block) with the previous block's mean. With one loss
+    per block (losses saved less often than ``num_steps``, as at SageMaker's 500-step cadence)
+    this is SageMaker's comparison; with a loss every step it averages mini-batch noise out
+    instead of comparing two noisy points (issue 10: the point comparison and the 5% increase
+    branch alarmed on 60 of 100 healthy runs). A loss that is exactly flat (equal block means,
+    1e-9 relative) is "not lower" and fires, also at ``diff_percent`` 0. A NaN in a block fires.
 
-    Choices where the documentation left room:
+    Units. Windows are training steps (see ``TrainingClock``), in every mode: an evaluation's
+    EVAL losses all belong to the training step it followed, so EVAL blocks compare
+    evaluations ``num_steps`` training steps apart. SageMaker counted each mode's own saved
+    steps: ``num_steps`` 10 at its 500-step save cadence meant comparing saves 500 or more
+    steps apart; 10 EVAL steps of one evaluation loop never compared two evaluations.
+    trainguard's default ``num_steps`` is 50 training steps; an explicit value is training
+    steps between checks, as SageMaker documents ("the minimum number of steps after which
+    the rule checks").
 
-    - ``mode`` None: every mode in EVAL, TRAIN, GLOBAL order is tracked separately and only the
-      highest-priority mode that has saved a loss so far can fire; lower ones are dropped
-      once a higher one appears (deterministic per step, independent of delivery).
-    - ``increase_threshold_percent`` (later docs, "maximum percent the loss may increase"): at
-      a check, it also fires when the loss exceeds the lowest loss saved earlier in that mode
-      by more than this percent. None disables it.
-    - A NaN loss at a check is "not lower" and fires.
-    - State keeps at most ``MAX_WINDOW`` losses per mode; with ``num_steps`` above that and a
-      loss every step, older entries are thinned, so the baseline can be a few steps older
-      than the exact one.
+    ``mode`` None (SageMaker: EVAL if available, else TRAIN, else GLOBAL): each mode is
+    tracked; a mode's verdicts count until a higher-priority mode has made its first
+    comparison, then the lower modes are dropped. So a job whose EVAL losses never span two
+    blocks is still judged on TRAIN (a rule that followed 16 EVAL steps and compared nothing
+    while TRAIN losses were NaN passed on main).
+
+    ``increase_threshold_percent`` (only in a later version of SageMaker's documentation, with
+    other defaults): when given, a check also fires when the block mean exceeds the lowest
+    block mean so far by more than that percent. By default it is off, as in the version whose
+    ``mode`` and ``diff_percent`` defaults trainguard keeps.
     """
 
     name = "LossNotDecreasing"
     Config = LossNotDecreasingConfig
     State = LossNotDecreasingState
-    summary = "The loss has not decreased over num_steps steps."
+    summary = "The loss has not decreased over num_steps training steps."
     advice = (
         "Check the learning rate (too high or too low), the optimizer and the data pipeline "
         "(shuffled, labels aligned); stop the job if the loss has plateaued."
@@ -99,14 +133,15 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
         )
 
     def coverage(self, state: LossNotDecreasingState) -> Coverage:
-        modes = "/".join(state.tracks) or "/".join(self._modes())
-        received = [state.losses_seen] + [state.losses_seen] * (len(self.reads()) - 1)
-        reason = (
-            f"{state.losses_seen:,} losses arrived but never two at least num_steps="
-            f"{self.config.num_steps} steps apart in one mode"
-            if state.losses_seen
-            else ""
-        )
+        compared = [m for m, t in state.tracks.items() if t.checks]
+        modes = "/".join(compared or list(state.tracks) or list(self._modes()))
+        received = [state.losses_seen] * len(self.reads())
+        reason = ""
+        if state.losses_seen:
+            reason = (
+                f"{state.losses_seen:,} losses arrived, but never two blocks of num_steps="
+                f"{self.config.window} training steps in one mode"
+            )
         return self.covered(
             state.checks, f"windows of {modes} loss", "compared", received=received, reason=reason
         )
@@ -115,9 +150,11 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
         self, state: LossNotDecreasingState, step: StepData
     ) -> tuple[LossNotDecreasingState, list[Finding]]:
         cfg = self.config
-        candidates = self._modes()
-        losses: dict[Mode, float] = {}
-        for mode in candidates:
+        t = state.clock.tick(step)
+        findings: list[Finding] = []
+        for mode in self._modes():
+            if mode not in state.tracks and not self._chosen(state, mode):
+                continue  # a higher-priority mode has compared: this one can never count again
             value = loss_value(
                 step,
                 mode,
@@ -125,85 +162,97 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
                 regex=cfg.tensor_regex,
                 use_losses_collection=cfg.use_losses_collection,
             )
-            if value is not None:
-                losses[mode] = value
-        seen = [m for m in candidates if m in losses or m in state.tracks]
-        if not seen:
-            return state, []
-        chosen = seen[0]
-        # lower-priority modes can never be chosen again
-        for mode in candidates[candidates.index(chosen) + 1 :]:
-            state.tracks.pop(mode, None)
-        if chosen not in losses:
-            return state, []
-        state.losses_seen += 1
-        track = state.tracks.setdefault(chosen, Track())
-        before = track.last_check
-        finding = self._observe(track, mode_step(step, chosen), losses[chosen], step.step, chosen)
-        if before is not None and track.last_check != before:
-            state.checks += 1
-        return state, [finding] if finding else []
+            track = state.tracks.get(mode)
+            if value is None:
+                if track is not None and track.closing is not None and t > track.closing:
+                    findings += self._close(state, track, mode)
+                continue
+            state.losses_seen += 1
+            if track is None:
+                track = state.tracks[mode] = Track()
+            findings += self._observe(state, track, mode, t, value, step.step)
+        self._drop_lower_modes(state)
+        return state, findings[:1]
 
-    def _observe(self, track: Track, s: int, loss: float, global_step: int, mode: Mode) -> Finding | None:
+    def finish(self, state: LossNotDecreasingState) -> list[Finding]:
+        """The job ended: a block that reached its closing step is judged."""
+        findings: list[Finding] = []
+        for mode in self._modes():
+            track = state.tracks.get(mode)
+            if track is not None and track.closing is not None:
+                findings += self._close(state, track, mode)
+        return findings[:1]
+
+    # -------------------------------------------------------------------------------------
+    def _observe(
+        self, state: LossNotDecreasingState, track: Track, mode: Mode, t: int, loss: float, at: int
+    ) -> list[Finding]:
+        findings: list[Finding] = []
+        if track.closing is not None and t > track.closing:
+            findings = self._close(state, track, mode)
+        track.block_sum += loss
+        track.block_n += 1
+        track.block_first = t if track.block_first is None else track.block_first
+        track.block_last, track.block_global = t, at
+        if track.closing is None and (track.last_check is None or t >= track.last_check + self.config.window):
+            track.closing = t  # the first block is the first loss's training step alone
+        return findings
+
+    def _close(self, state: LossNotDecreasingState, track: Track, mode: Mode) -> list[Finding]:
         cfg = self.config
-        if track.last_check is None:
-            track.last_check = s
-            track.window = [(s, loss)]
-            track.best = loss if loss == loss else None
-            return None
-        if s < track.last_check + cfg.num_steps:
-            if track.window and track.window[-1][0] >= s:
-                return None  # a repeated (or older) mode step: the first one counts
-            track.window.append((s, loss))
-            self._prune(track, s)
-            self._record_best(track, loss)
-            return None
-        base_step, base = max((e for e in track.window if e[0] <= s - cfg.num_steps), key=lambda e: e[0])
-        best = track.best
-        track.last_check = s
-        track.window = [(s, loss)]
-        self._record_best(track, loss)
-        where = f"{mode} step {s}" if s == global_step else f"{mode} step {s} (global step {global_step})"
-        decreased = loss < base and (base - loss) >= abs(base) * cfg.diff_percent / 100.0
-        if not decreased:
-            return self.finding(
-                global_step,
-                f"{self.name}: {mode} loss at {where} is {fmt(loss)}, not lower than {fmt(base)} at "
-                f"{mode} step {base_step} by at least diff_percent={fmt(cfg.diff_percent)}% "
-                f"(num_steps={cfg.num_steps}).",
-                tensor=f"{mode} loss",
-                value=loss,
-                threshold=base,
-            )
+        mean = track.block_sum / track.block_n if track.block_n else math.nan
+        span = (track.block_first or 0, track.block_last or 0)
+        at, base, base_span, best = track.block_global, track.base, track.base_span, track.best
+        track.last_check, track.closing = track.closing, None
+        track.block_sum, track.block_n, track.block_first, track.block_last = 0.0, 0, None, None
+        track.base, track.base_span = mean, span
+        if mean == mean and (track.best is None or mean < track.best):
+            track.best = mean
+        if base is None or base_span is None:
+            return []  # the first block: nothing to compare with yet
+        track.checks += 1
+        state.checks += 1
+        if not self._chosen(state, mode):
+            return []
+        margin = max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL)
+        what = f"{mode} loss over training steps {span[0]}-{span[1]}"
+        before = f"{fmt(base)} over steps {base_span[0]}-{base_span[1]}"
+        if not mean < base - margin:  # NaN compares False: a NaN block fires
+            return [
+                self.finding(
+                    at,
+                    f"{self.name}: mean {what} is {fmt(mean)}, not lower than {before} by at least "
+                    f"diff_percent={fmt(cfg.diff_percent)}% (num_steps={cfg.window} training steps).",
+                    tensor=f"{mode} loss",
+                    value=mean,
+                    threshold=base,
+                )
+            ]
         pct = cfg.increase_threshold_percent
-        if pct is not None and best is not None and loss > best + abs(best) * pct / 100.0:
-            return self.finding(
-                global_step,
-                f"{self.name}: {mode} loss at {where} is {fmt(loss)}, more than "
-                f"increase_threshold_percent={fmt(pct)}% above the lowest loss so far {fmt(best)}.",
-                tensor=f"{mode} loss",
-                value=loss,
-                threshold=best + abs(best) * pct / 100.0,
-            )
-        return None
+        if pct is not None and best is not None and mean > best + abs(best) * pct / 100.0:
+            return [
+                self.finding(
+                    at,
+                    f"{self.name}: mean {what} is {fmt(mean)}, more than increase_threshold_percent="
+                    f"{fmt(pct)}% above the lowest block mean so far {fmt(best)}.",
+                    tensor=f"{mode} loss",
+                    value=mean,
+                    threshold=best + abs(best) * pct / 100.0,
+                )
+            ]
+        return []
 
-    @staticmethod
-    def _record_best(track: Track, loss: float) -> None:
-        if loss == loss and (track.best is None or loss < track.best):  # NaN never becomes the best
-            track.best = loss
+    def _chosen(self, state: LossNotDecreasingState, mode: Mode) -> bool:
+        """A mode's verdict counts while no higher-priority mode has compared anything."""
+        modes = self._modes()
+        higher = modes[: modes.index(mode)]
+        return not any(m in state.tracks and state.tracks[m].checks for m in higher)
 
-    def _prune(self, track: Track, current: int) -> None:
-        """Drop losses that can no longer be the baseline of the next check.
-
-        The next check ``s`` is after ``current`` and at or after ``last_check + num_steps``,
-        so its baseline is the newest loss at or before ``max(last_check, current + 1 - num_steps)``
-        or a later one: anything older than that newest one is dead.
-        """
-        assert track.last_check is not None
-        horizon = max(track.last_check, current + 1 - self.config.num_steps)
-        keep_from = max(i for i, (s, _) in enumerate(track.window) if s <= horizon)
-        del track.window[:keep_from]
-        if len(track.window) > MAX_WINDOW:
-            # thin the middle: keep the oldest (live baseline) and every other later entry
-            head, rest = track.window[0], track.window[1:]
-            track.window = [head, *rest[(len(rest) - 1) % 2 :: 2]]
+    def _drop_lower_modes(self, state: LossNotDecreasingState) -> None:
+        modes = self._modes()
+        for i, mode in enumerate(modes):
+            track = state.tracks.get(mode)
+            if track is not None and track.checks:
+                for lower in modes[i + 1 :]:
+                    state.tracks.pop(lower, None)
+                return

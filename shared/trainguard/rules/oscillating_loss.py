@@ -10,6 +10,7 @@ from trainguard.rules._common import (
     Percent,
     PositiveInt,
     RegexList,
+    TrainingClock,
     finite,
     loss_inputs,
     loss_value,
@@ -21,43 +22,58 @@ class OscillatingLossConfig(RuleConfig):
     tensor_regex: RegexList = None
     use_losses_collection: bool = True
     mode: Mode = "TRAIN"
-    #: a change of at least this much (loss units) that reverses direction is a swing
+    #: a move of at least this much (loss units) from one extreme to the next is a swing
     swing: NonNegative = 0.03
-    #: fires when at least this percent of the recent evaluations are swings
+    #: fires when at least this percent of the recent evaluations end a swing
     swing_percent: Percent = 20.0
     #: the recent evaluations considered (a sliding window)
     window: int = Field(default=50, ge=2, le=512)
     #: evaluations needed before judging
     min_evaluations: PositiveInt = 10
+    #: TRAIN (and GLOBAL): one evaluation is the mean loss of this many training steps
+    smoothing_steps: PositiveInt = 10
 
 
 class OscillatingLossState(RuleState):
+    clock: TrainingClock = Field(default_factory=TrainingClock)
+    #: the evaluation being collected: sum and count of losses, its block (training steps)
+    acc_sum: float = 0.0
+    acc_n: int = 0
+    acc_key: int | None = None
+    acc_at: int = 0
+    #: the previous evaluation, the direction of the last move (1 up, -1 down, 0 none yet)
+    #: and the last turning point (the first evaluation before any turn)
     last: float | None = None
-    #: direction of the last change: 1 up, -1 down, 0 none yet
     direction: int = 0
-    #: one character per recent evaluation: "1" a swing, "0" not (bounded by ``window``)
+    extreme: float | None = None
+    #: one character per recent evaluation: "1" it confirmed a swing, "0" not (``window``)
     recent: str = ""
-    #: losses received, and judgements made (once min_evaluations were seen)
     losses_seen: int = 0
     judgements: int = 0
 
 
 class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
-    """Fires when at least ``swing_percent`` % of the last ``window`` evaluations are swings.
+    """Fires when at least ``swing_percent`` % of the last ``window`` evaluations end a swing.
 
     After AUTOTRAINER's "unstable training" symptom (a metric swinging by >= 0.03 in >= 20% of
-    the evaluations). Reads the loss of ``mode`` (the ``losses`` collection, or scalars
-    matching ``tensor_regex``); each saved loss after the first is one evaluation. A swing is
-    a change of at least ``swing`` whose direction reverses the previous change's: a loss
-    falling fast and steadily does not count, a loss zig-zagging does. Judged once
-    ``min_evaluations`` evaluations were seen. Non-finite losses are skipped (see
-    ExplodingTensor). ``swing`` is absolute: for losses far above 1, raise it.
+    the evaluations). Reads the loss of ``mode`` (the ``losses`` collection, or scalars matching
+    ``tensor_regex``).
+
+    An evaluation is one value of a smoothed loss: for TRAIN and GLOBAL, the mean loss over a
+    block of ``smoothing_steps`` training steps; for EVAL, one validation pass (consecutive EVAL
+    steps). AUTOTRAINER judges per-epoch metrics; judged on every mini-batch loss the rule
+    fired on 10 of 10 healthy runs (issue 10), on block means 0-2 of 10. A swing is measured
+    extreme to extreme, as AUTOTRAINER does: when the smoothed loss turns, the move from the
+    previous turning point to this one is a swing if it is at least ``swing``. A loss falling
+    steadily never turns; one that zig-zags turns at every extreme. Judged once
+    ``min_evaluations`` evaluations were seen. Non-finite losses are skipped (ExplodingTensor's
+    business). ``swing`` is absolute: for losses far above 1, raise it.
     """
 
     name = "OscillatingLoss"
     Config = OscillatingLossConfig
     State = OscillatingLossState
-    summary = "The loss oscillates (reverses by >= swing) in too many evaluations."
+    summary = "The smoothed loss oscillates (swings by >= swing) in too many evaluations."
     advice = "Lower the learning rate, increase the batch size, or add learning-rate warm-up/decay."
 
     def reads(self) -> tuple[RuleInput, ...]:
@@ -67,16 +83,17 @@ class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
         )
 
     def coverage(self, state: OscillatingLossState) -> Coverage:
+        cfg = self.config
         reason = ""
         if state.losses_seen:
             reason = (
-                f"{state.losses_seen:,} finite {self.config.mode} losses arrived, fewer than "
-                f"min_evaluations={self.config.min_evaluations} changes"
+                f"{state.losses_seen:,} finite {cfg.mode} losses arrived, fewer than min_evaluations="
+                f"{cfg.min_evaluations} evaluations of the smoothed loss"
             )
         received = [state.losses_seen] * len(self.reads())
         return self.covered(
             state.judgements,
-            f"windows of {self.config.mode} loss",
+            f"windows of smoothed {cfg.mode} loss",
             "judged",
             received=received,
             reason=reason,
@@ -86,35 +103,75 @@ class OscillatingLoss(Rule[OscillatingLossConfig, OscillatingLossState]):
         self, state: OscillatingLossState, step: StepData
     ) -> tuple[OscillatingLossState, list[Finding]]:
         cfg = self.config
+        t = state.clock.tick(step)
         loss = loss_value(
             step, cfg.mode, regex=cfg.tensor_regex, use_losses_collection=cfg.use_losses_collection
         )
-        if loss is None or not finite(loss):
-            return state, []
-        state.losses_seen += 1
-        if state.last is None:
-            state.last = loss
-            return state, []
-        delta = loss - state.last
-        direction = (delta > 0) - (delta < 0)
-        swung = abs(delta) >= cfg.swing and direction != 0 and direction == -state.direction
+        findings: list[Finding] = []
+        if cfg.mode == "EVAL":
+            # one validation pass: the EVAL steps after one training step, until training resumes
+            key = t
+            ends = (
+                "TRAIN" in step.modes()
+                or "GLOBAL" in step.modes()
+                or (loss is not None and key != state.acc_key)
+            )
+        else:
+            key = t // cfg.smoothing_steps
+            ends = key != state.acc_key
+        if state.acc_n and ends:
+            findings = self._evaluation(state)
+        if loss is not None and finite(loss):
+            state.losses_seen += 1
+            state.acc_sum += loss
+            state.acc_n += 1
+            state.acc_key = key
+            state.acc_at = step.step
+        return state, findings
+
+    def finish(self, state: OscillatingLossState) -> list[Finding]:
+        return self._evaluation(state) if state.acc_n else []
+
+    def _evaluation(self, state: OscillatingLossState) -> list[Finding]:
+        cfg = self.config
+        value = state.acc_sum / state.acc_n
+        state.acc_sum, state.acc_n = 0.0, 0
+        swung = False
+        if state.last is not None:
+            delta = value - state.last
+            direction = (delta > 0) - (delta < 0)
+            if state.extreme is None:
+                state.extreme = state.last
+            if direction and state.direction and direction != state.direction:
+                # the previous evaluation was a turning point: the move from the last one is a swing
+                swung = abs(state.last - state.extreme) >= cfg.swing
+                state.extreme = state.last
+            if direction:
+                state.direction = direction
+        state.last = value
         state.recent = (state.recent + ("1" if swung else "0"))[-cfg.window :]
-        if direction:
-            state.direction = direction
-        state.last = loss
         n = len(state.recent)
-        share = 100.0 * state.recent.count("1") / n
-        state.judgements += n >= cfg.min_evaluations
-        if n >= cfg.min_evaluations and share >= cfg.swing_percent:
-            return state, [
+        if n < cfg.min_evaluations:
+            return []
+        state.judgements += 1
+        swings = state.recent.count("1")
+        share = 100.0 * swings / n
+        if share >= cfg.swing_percent:
+            return [
                 self.finding(
-                    step.step,
-                    f"{self.name}: {cfg.mode} loss reversed by >= swing={fmt(cfg.swing)} in "
-                    f"{state.recent.count('1')} of "
-                    f"the last {n} evaluations ({fmt(share)}%) >= swing_percent={fmt(cfg.swing_percent)}%.",
+                    state.acc_at,
+                    f"{self.name}: the smoothed {cfg.mode} loss swung by >= swing={fmt(cfg.swing)} from one "
+                    f"extreme to the next in {swings} of the last {n} evaluations ({fmt(share)}%) >= "
+                    f"swing_percent={fmt(cfg.swing_percent)}% (an evaluation: "
+                    + (
+                        "one validation pass"
+                        if cfg.mode == "EVAL"
+                        else f"{cfg.smoothing_steps} training steps"
+                    )
+                    + ").",
                     tensor=f"{cfg.mode} loss",
                     value=share,
                     threshold=cfg.swing_percent,
                 )
             ]
-        return state, []
+        return []

@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
-from trainguard.rules._common import NonNegative, PositiveInt, RegexList, loss_inputs, loss_value
+from pydantic import Field
+
+from trainguard.rules._common import (
+    NonNegative,
+    PositiveInt,
+    RegexList,
+    TrainingClock,
+    loss_inputs,
+    loss_value,
+)
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+
+#: trainguard's ``patience`` (SageMaker's is 1): consecutive evaluations over the threshold
+DEFAULT_PATIENCE = 3
 
 
 class OverfitConfig(RuleConfig):
     tensor_regex: RegexList = None
-    start_step: int = 0
-    patience: PositiveInt = 1
+    #: training steps before which nothing is judged
+    start_step: int = Field(default=0, ge=0)
+    #: consecutive evaluations (None: ``DEFAULT_PATIENCE``)
+    patience: PositiveInt | None = None
     ratio_threshold: NonNegative = 0.1
+
+    @property
+    def evaluations(self) -> int:
+        return self.patience if self.patience is not None else DEFAULT_PATIENCE
 
 
 class OverfitState(RuleState):
+    clock: TrainingClock = Field(default_factory=TrainingClock)
     train_sum: float = 0.0
     train_n: int = 0
     #: mean training loss of the previous training phase (used when an evaluation follows
@@ -35,7 +54,13 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
     for ``patience`` consecutive evaluations.
 
     Reads TRAIN and EVAL losses (the ``losses`` collection, or scalars matching
-    ``tensor_regex`` when given), from ``start_step`` on.
+    ``tensor_regex`` when given), from training step ``start_step`` on (SageMaker counted
+    saved steps; trainguard counts training steps, see ``TrainingClock``).
+
+    ``patience``: SageMaker's default is 1, one evaluation over the threshold. One validation
+    pass is a noisy sample (a few batches, a mini-batch training mean), and one evaluation
+    over 10% fired on 98 of 100 healthy runs (issue 10). trainguard's default is 3
+    consecutive evaluations; an explicit ``patience`` keeps SageMaker's meaning.
 
     Choices where the documentation left room:
 
@@ -80,7 +105,7 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
 
     def update(self, state: OverfitState, step: StepData) -> tuple[OverfitState, list[Finding]]:
         cfg = self.config
-        if step.step < cfg.start_step:
+        if state.clock.tick(step) < cfg.start_step:
             return state, []
         use_losses = cfg.tensor_regex is None
         train = loss_value(step, "TRAIN", regex=cfg.tensor_regex, use_losses_collection=use_losses)
@@ -119,13 +144,13 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
         state.evaluations += 1
         ratio = (val_mean - train_mean) / abs(train_mean)
         state.over = state.over + 1 if ratio > cfg.ratio_threshold else 0
-        if state.over >= cfg.patience:
+        if state.over >= cfg.evaluations:
             return [
                 self.finding(
                     at,
                     f"{self.name}: mean EVAL loss {fmt(val_mean)} vs mean TRAIN loss {fmt(train_mean)}: "
                     f"ratio {fmt(ratio)} > ratio_threshold={fmt(cfg.ratio_threshold)} for {state.over} "
-                    f"consecutive evaluation(s) (patience={cfg.patience}).",
+                    f"consecutive evaluation(s) (patience={cfg.evaluations}).",
                     tensor="EVAL loss",
                     value=ratio,
                     threshold=cfg.ratio_threshold,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.rules.base import Rule, RuleConfig, RuleState
+from trainguard.rules.base import AnyRule, BaseRule, Rule, RuleConfig, RuleState
 from trainguard.rules.registry import RULES as BUILTIN_RULES
 
 ENV_VAR = "TRAINGUARD_RULE_MODULES"
@@ -137,14 +137,14 @@ def load_plugins(modules: Iterable[str | ModuleSpec] | None = None, *, strict: b
     return plugins
 
 
-def rule_class(name: str) -> RuleClass | None:
+def rule_class(name: str) -> type[AnyRule] | None:
     """The rule class named ``name``: a built-in, else a custom rule (None: no such rule)."""
     cls = BUILTIN_RULES.get(name)
     if cls is not None:
         return cls
     from trainguard.rules.profiler import PROFILER_RULES  # judged on system batches
 
-    profiler: RuleClass | None = PROFILER_RULES.get(name)
+    profiler: type[AnyRule] | None = PROFILER_RULES.get(name)
     if profiler is not None:
         return profiler
     return load_plugins().rules.get(name)
@@ -233,7 +233,7 @@ def validate_rule(cls: Any) -> RuleClass:
         raise PluginError(f"{name} does not implement update(state, step)")
     if cls.kind not in PLUGIN_KINDS:
         raise PluginError(f"{name}.kind must be one of {PLUGIN_KINDS}, got {cls.kind!r}")
-    if cls.kind == "clock" and not callable(getattr(cls, "check", None)):
+    if cls.kind == "clock" and cls.check is BaseRule.check:
         raise PluginError(f"{name} is a clock rule without check(state, now, started=...)")
     if not any(info.is_required() for info in config.model_fields.values()):
         # defaults alone must make a rule whose initial state survives storage

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.rules.all_zero import AllZero
-from trainguard.rules.base import Rule
+from trainguard.rules.base import AnyRule, Rule
 from trainguard.rules.check_input_images import CheckInputImages
 from trainguard.rules.class_imbalance import ClassImbalance
 from trainguard.rules.confusion import Confusion
@@ -73,3 +73,10 @@ RULES: dict[str, type[Rule[Any, Any]]] = {cls.name: cls for cls in _ALL}
 
 #: rules that can find issues (the stack alarms on each); "report" rules never fire
 CHECKING_RULES: tuple[str, ...] = tuple(name for name, cls in RULES.items() if cls.kind != "report")
+
+
+def builtin_rules() -> dict[str, type[AnyRule]]:
+    """Every built-in rule by name: the model rules (``RULES``), then the system (profiler) rules."""
+    from trainguard.rules.profiler import PROFILER_RULES
+
+    return {**RULES, **PROFILER_RULES}

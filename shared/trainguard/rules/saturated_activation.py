@@ -93,7 +93,7 @@ class SaturatedActivation(Rule[SaturatedActivationConfig, SaturatedActivationSta
         self, state: SaturatedActivationState, step: StepData
     ) -> tuple[SaturatedActivationState, list[Finding]]:
         cfg = self.config
-        for view in step.tensors(collections=cfg.collection_names, regex=cfg.tensor_regex):
+        for view in step.select(self.reads()[0]):
             state.tensors_seen += 1
             stats = view.stats
             if stats is None or not stats.unit_in_band or stats.band is None:

@@ -33,6 +33,8 @@ class SimilarAcrossRunsConfig(RuleConfig):
 class SimilarAcrossRunsState(RuleState):
     steps_compared: int = 0
     tensors_compared: int = 0
+    #: selected tensors of this job (counted by ``update``)
+    tensors_seen: int = 0
 
 
 class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
@@ -59,6 +61,9 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
         "non-deterministic kernels (torch.use_deterministic_algorithms) and hyperparameters."
     )
 
+    def compares_with(self) -> str:
+        return self.config.other_job
+
     def reads(self) -> tuple[RuleInput, ...]:
         cfg = self.config
         return (tensor_input(cfg.collection_names, cfg.tensor_regex, FINGERPRINT),)
@@ -75,11 +80,19 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
                 f"no step of job {self.config.other_job} was found at the steps this job saved (is it "
                 "written under the same bucket, and readable?)"
             )
-        return self.covered(state.tensors_compared, "tensors compared across jobs", "compared", reason=reason)
+        return self.covered(
+            state.tensors_compared,
+            "tensors compared across jobs",
+            "compared",
+            received=[state.tensors_seen],
+            reason=reason,
+        )
 
     def update(
         self, state: SimilarAcrossRunsState, step: StepData
     ) -> tuple[SimilarAcrossRunsState, list[Finding]]:
+        cfg = self.config
+        state.tensors_seen += sum(1 for _ in select(step, cfg.collection_names, cfg.tensor_regex))
         return state, []
 
     def compare(

@@ -45,6 +45,7 @@ class StalledTrainingRule(Rule[StalledTrainingRuleConfig, StalledTrainingRuleSta
     Config = StalledTrainingRuleConfig
     State = StalledTrainingRuleState
     kind = "clock"
+    uses_clock = True
     summary = "The job has saved no new step for threshold seconds: training is stalled."
     advice = (
         "Look at the job's logs for a hang (deadlocked data loader, NCCL timeout, stuck I/O); "

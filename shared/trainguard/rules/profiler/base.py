@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from trainguard.format.system import SystemBatch, SystemSample
-from trainguard.rules.base import Finding, Rule, RuleConfig, RuleState
+from trainguard.rules.base import Coverage, Finding, RuleConfig, RuleState, SystemRule
 
 #: GPUs (worker, index) whose per-GPU histograms a rule keeps; more are counted, not tracked
 MAX_TRACKED_GPUS = 64
@@ -58,14 +58,30 @@ C = TypeVar("C", bound=RuleConfig)
 S = TypeVar("S", bound=ProfilerState)
 
 
-class ProfilerRule(Rule[C, S]):
-    """Base of the profiler rules: ``update(state, batch: SystemBatch)``."""
+class ProfilerRule(SystemRule[C, S]):
+    """Base of the profiler rules: ``update(state, batch: SystemBatch)``, per worker."""
 
     kind: ClassVar[str] = "profiler"
     #: the rule judges GPU metrics: without GPU data it cannot fire
     needs_gpu: ClassVar[bool] = False
 
-    def update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:  # type: ignore[override]
+    def coverage(self, state: S) -> Coverage:
+        """System samples judged (a GPU rule on a job without GPU data judged nothing)."""
+        if self.needs_gpu:
+            reason = self.not_applicable(state) or ""
+            return self.covered(state.gpu_samples, "system samples with GPU data", reason=reason)
+        return self.covered(
+            state.samples, "system samples", reason="" if state.samples else "no system samples were received"
+        )
+
+    def check(self, state: S, now: float, *, started: float | None = None) -> tuple[S, list[Finding]]:
+        return self.check_clock(state, now, started)
+
+    def check_clock(self, state: S, now: float, job_start: float | None = None) -> tuple[S, list[Finding]]:
+        """The timer's call for profiler clock rules (``uses_clock``); the default does nothing."""
+        return state, []
+
+    def update(self, state: S, batch: SystemBatch) -> tuple[S, list[Finding]]:
         state = state.model_copy(deep=True)
         if batch.samples:
             first = min(s.t for s in batch.samples)

@@ -42,6 +42,7 @@ class MaxInitializationTime(ProfilerRule[MaxInitializationTimeConfig, MaxInitial
     """
 
     name = "MaxInitializationTime"
+    uses_clock = True
     Config = MaxInitializationTimeConfig
     State = MaxInitializationTimeState
     summary = "no training step has started `threshold` minutes after the job started"

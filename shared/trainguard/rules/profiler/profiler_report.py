@@ -115,6 +115,7 @@ class ProfilerReport(ProfilerRule[ProfilerReportConfig, ProfilerReportState]):
     """
 
     name = "ProfilerReport"
+    uses_clock = True
     Config = ProfilerReportConfig
     State = ProfilerReportState
     summary = "runs every profiler rule and writes the profiling report"
