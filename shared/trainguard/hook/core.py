@@ -16,11 +16,14 @@ and works without a framework: every save call takes ``step=``::
 
 Where the pieces are: step and mode bookkeeping in ``steps``, what statistics each tensor
 gets in ``selection`` (from the configured rules' ``reads()``), the reductions in ``stats``,
-segment windows in ``segments``, the background writer in ``writer``, delivery (spill,
-retry) in ``uploader``, stop polling in ``stopping``. Framework integrations
-(``torch_support``, ``xgboost_support``, the Hugging Face/Lightning/Keras callbacks) use only
-the public recording interface below (``plan``, ``record_tensor(s)``, ``record_scalar``,
-``collections_for``, ``check_stop``, ``guard``...; docs/hook.md shows an example).
+accepted values and host copies in ``values``, segment windows in ``segments``, the
+background writer in ``writer``, delivery (spill, retry, plain errors) in ``uploader``, stop
+polling in ``stopping``, ``close()``'s report in ``reporting``, smdebug's methods and
+``get_hook`` in ``smdebug``, SageMaker's hook configuration in ``sagemaker``. Framework
+integrations (``torch_support``, ``xgboost_support``, the Hugging Face/Lightning/Keras
+callbacks) use only the public recording interface below (``plan``, ``record_tensor(s)``,
+``record_scalar``, ``collections_for``, ``check_stop``, ``guard``...; docs/hook.md shows an
+example).
 
 Explicit saves (``save_scalar``, ``save_tensor``, ``record_tensor_value``) are always
 written, at any step: save configs throttle only what the hook captures by itself. A scalar
@@ -44,13 +47,11 @@ import logging
 import os
 import platform
 import socket
-import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -77,13 +78,32 @@ from trainguard.hook.config import (
     default_collection,
     is_loss_name,
 )
-from trainguard.hook.segments import DeviceCopy, ModeBuffer, PendingTensor, SegmentBuilder, StepRecord
-from trainguard.hook.selection import StatisticsPlan, TensorChoice, declarations
+from trainguard.hook.reporting import HookReport, announce
+from trainguard.hook.segments import ModeBuffer, PendingTensor, SegmentBuilder, StepRecord
+from trainguard.hook.selection import FeedCheck, StatisticsPlan, TensorChoice, declarations
+from trainguard.hook.smdebug import (
+    SmdebugMethods,
+    constructor_notes,
+    del_hook,
+    forget_current,
+    get_hook,
+    reduction_statistics,
+    set_current,
+)
 from trainguard.hook.stats import PendingStats, numpy_stats, torch_stats, torch_stats_many
 from trainguard.hook.steps import StepBook, StepPlan, check_step, parse_mode
 from trainguard.hook.stopping import StopTrainingRequested, StopWatcher
 from trainguard.hook.storage import Store, open_store
 from trainguard.hook.uploader import Delivery, DeliveryReport, UploadStats
+from trainguard.hook.values import (
+    TORCH_STORABLE,
+    host_copy,
+    is_torch,
+    nbytes,
+    numpy_storable,
+    search,
+    to_scalar,
+)
 from trainguard.hook.writer import DropCounter, SegmentWriter
 from trainguard.modes import ModeKeys
 from trainguard.version import __version__
@@ -130,30 +150,7 @@ def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return wrap
 
 
-@dataclass(frozen=True)
-class HookReport:
-    """What ``close()`` delivered and what it could not (``ok``: everything arrived)."""
-
-    job: str
-    worker: int
-    url: str
-    segments: int
-    steps_written: int
-    #: objects (segments, manifest, system batches) that never reached the job folder
-    undelivered: int
-    undelivered_bytes: int
-    #: values not recorded, by reason
-    dropped: dict[str, int] = field(default_factory=dict)
-    error: str | None = None
-    spill_dir: str | None = None
-    end_marker_written: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.undelivered and not self.dropped and self.end_marker_written
-
-
-class Hook:
+class Hook(SmdebugMethods):
     """Records losses, metrics and the tensor statistics trainguard's rules read.
 
     Parameters
@@ -275,8 +272,8 @@ class Hook:
         self.window_s = float(window_s)
         self.save_all = bool(save_all)
         self.dry_run = bool(dry_run)
-        self._notes = _smdebug_notes(export_tensorboard, tensorboard_dir, include_workers, dry_run)
-        user_statistics = _reduction_statistics(reduction_config)
+        self._notes = constructor_notes(export_tensorboard, tensorboard_dir, include_workers)
+        user_statistics = reduction_statistics(reduction_config)
 
         # What to record: the configured rules' declarations, then the collections
         self._reads, self._rule_problems = declarations(_parse_rules(self.rules))
@@ -352,7 +349,7 @@ class Hook:
         self._frameworks: dict[str, str | None] = {}
         self._producers: dict[str, set[str]] = {}
         self._received: set[str] = set()
-        self._unfed: set[str] = set()
+        self._coverage = FeedCheck(self._reads, self._rule_problems)
         self._torch: Any = None  # the TorchIntegration, once a module is registered
         #: previous saved copy per tensor, for ``update_l2``
         self._previous: dict[str, Any] = {}
@@ -377,76 +374,12 @@ class Hook:
                 flush_s=profiler_flush_s,
                 sample_system=sample_system,
             ).start()
-        _set_current(self)
+        set_current(self)
         atexit.register(_close_at_exit, weakref.ref(self))
         for note in self._notes:
             log.info("trainguard: %s", note)
         if self.dry_run:
             log.warning("trainguard: dry_run=True: the hook records and writes nothing")
-
-    # ------------------------------------------------------------------ smdebug compatibility
-    @classmethod
-    def create_from_json_file(cls, json_file_path: str | os.PathLike[str] | None = None) -> Hook | None:
-        """A hook from SageMaker's hook configuration (smdebug's ``create_from_json_file``).
-
-        ``json_file_path`` None: ``SMDEBUG_CONFIG_FILE_PATH`` or
-        ``/opt/ml/input/config/debughookconfig.json``, and None is returned when that file does
-        not exist; a path that is given must exist. The mapping is
-        ``trainguard.hook.sagemaker.hook_settings``.
-        """
-        from trainguard.hook.sagemaker import hook_settings, load_hook_config
-
-        path = os.fspath(json_file_path) if json_file_path is not None else env.sagemaker_hook_config_path()
-        config = load_hook_config(path, missing_ok=json_file_path is None)
-        if config is None:
-            return None
-        settings = hook_settings(config, job_name=env.sagemaker_training_job_name())
-        return cls(**settings.kwargs())
-
-    def register_hook(self, module: Any) -> None:
-        """smdebug's alias of ``register_module``."""
-        self.register_module(module)
-
-    @_guarded()
-    def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
-        """Save a value computed outside a registered module (smdebug: ``F.mse_loss(...)``).
-
-        Named ``<tensor_name>_output_0`` as smdebug names it; written at the current step
-        into the collections whose regexes match that name (``losses`` for ``*loss*``), as
-        a scalar when it has one element; never dropped for not being due.
-        """
-        name = f"{tensor_name}_output_0"
-        cols = list(self.collections_for(name))
-        if not cols and is_loss_name(str(tensor_name)):
-            cols = [CollectionKeys.LOSSES]
-        numel = int(np.prod(getattr(tensor_value, "shape", ()) or ()))
-        if numel == 1 and (not cols or set(cols) & set(CollectionKeys.SCALAR_COLLECTIONS)):
-            self.save_scalar(name, tensor_value, collections=cols or None)
-        else:
-            self.save_tensor(name, tensor_value, collections=cols or [CollectionKeys.DEFAULT])
-
-    def get_collections(self) -> dict[str, Collection]:
-        return dict(self.collections)
-
-    def add_collection(self, collection: Collection) -> None:
-        if not isinstance(collection, Collection):
-            raise TypeError(f"add_collection needs a trainguard.Collection, got {type(collection).__name__}")
-        with self._lock:
-            col = collection.copy()
-            if col.save_config is None:
-                col.save_config = default_collection(col.name).save_config
-            self.collections[col.name] = col
-            self._explicit.add(col.name)
-            self.collections_changed()
-
-    def add_to_collection(self, collection_name: str, args: Any) -> None:
-        """smdebug's ``add_to_collection``: names (or regexes) join a collection."""
-        col = self.get_collection(collection_name)
-        items = args if isinstance(args, list | tuple | set) else [args]
-        for item in items:
-            if isinstance(item, str):
-                col.add_tensor_name(item)
-        self.collections_changed()
 
     # ------------------------------------------------------------------ public state
     @property
@@ -567,7 +500,7 @@ class Hook:
             if plan is None:
                 return False
             try:
-                scalar = _scalar(value)
+                scalar = to_scalar(value)
             except (TypeError, ValueError) as exc:
                 self._drop("not_a_scalar", f"scalar:{name}", "skipping scalar %r: %s", name, exc)
                 return False
@@ -702,7 +635,7 @@ class Hook:
                 if not due:
                     return False
                 try:
-                    scalar = _scalar(value)
+                    scalar = to_scalar(value)
                 except (TypeError, ValueError) as exc:
                     self._drop("not_a_scalar", f"scalar:{name}", "skipping scalar %r: %s", name, exc)
                     return False
@@ -729,7 +662,7 @@ class Hook:
                 if col.name in out:
                     continue
                 if any(n in col.tensor_names for n in names) or any(
-                    _search(r, n) for r in col.include_regex for n in names
+                    search(r, n) for r in col.include_regex for n in names
                 ):
                     out.append(col.name)
             cached = tuple(out)
@@ -817,7 +750,7 @@ class Hook:
     def _record_batch(
         self, plan: StepPlan, batch: list[tuple[str, Any, list[Collection], TensorChoice, bool]]
     ) -> int:
-        torch_items = [b for b in batch if _is_torch(b[1])]
+        torch_items = [b for b in batch if is_torch(b[1])]
         if len(torch_items) > 1:
             pending = torch_stats_many(
                 [b[1] for b in torch_items],
@@ -847,18 +780,18 @@ class Hook:
         stats: PendingStats | TensorStats | None = None,
     ) -> bool:
         """Reduce (and copy, if asked) one tensor into the current step's record."""
-        is_torch = _is_torch(value)
+        torch_value = is_torch(value)
         spec = choice.spec
         copy: Any = None
         try:
-            if is_torch:
+            if torch_value:
                 dtype = str(value.dtype).removeprefix("torch.")
                 shape = [int(d) for d in value.shape]
                 if stats is None and not spec.is_empty():
                     stats = torch_stats(value, spec)
                 if full:
-                    if dtype in _TORCH_STORABLE:
-                        copy = _host_copy(value)
+                    if dtype in TORCH_STORABLE:
+                        copy = host_copy(value)
                     else:
                         self._drop(
                             "dtype_not_storable",
@@ -873,7 +806,7 @@ class Hook:
                 if stats is None and not spec.is_empty():
                     stats = numpy_stats(array, spec)
                 if full:
-                    if _numpy_storable(array.dtype):
+                    if numpy_storable(array.dtype):
                         copy = np.array(array, copy=True)
                     else:
                         self._drop(
@@ -896,11 +829,11 @@ class Hook:
             )
             return False
         if choice.update_norm and stats is not None:
-            stats = self._with_update_norm(name, value, stats, is_torch)
+            stats = self._with_update_norm(name, value, stats, torch_value)
         buf = self._buffer(plan)
         buf.tensors[name] = PendingTensor([c.name for c in cols], dtype, shape, stats, copy)
         assert self._record is not None
-        self._record.nbytes += 512 + _nbytes(copy)
+        self._record.nbytes += 512 + nbytes(copy)
         if due_full and copy is not None:
             self._record.full_due = True
         self._received.update(c.name for c in cols)
@@ -951,48 +884,13 @@ class Hook:
         self._drops.add(reason)
         self.warn_once(key, message + " (counted as dropped: %s)", *args, reason)
 
-    # ------------------------------------------------------------------ first step: can the rules be fed?
+    # ------------------------------------------------------------------ can the rules be fed?
     def _check_inputs(self) -> None:
-        for problem in self._rule_problems:
-            log.warning(
-                "trainguard: %s; the hook cannot tell what it reads and records the defaults", problem
-            )
-        if not self._producers:
-            return  # a plain loop: explicit saves decide; close() says what no rule received
-        produced = set().union(*self._producers.values())
-        for read in self._reads:
-            if not read.required or read.scalars:
-                continue  # scalars (losses) are usually saved explicitly: close() says if none came
-            missing = [c for c in read.collections if c not in produced]
-            if read.collections and len(missing) == len(read.collections):
-                self._unfed.add(read.rule + ":" + read.what)
-                frameworks = ", ".join(sorted(self._producers))
-                log.warning(
-                    "trainguard: rule %s reads %s (collections %s), but nothing registered with this "
-                    "hook (%s) produces them: that rule will see nothing unless you save them with "
-                    "hook.save_tensor(..., collections=[%r])",
-                    read.rule,
-                    read.what,
-                    ", ".join(read.collections),
-                    frameworks,
-                    sorted(read.collections)[0],
-                )
+        self._coverage.first_step(self._producers)
 
     def _check_received(self) -> None:
-        """At close: say which configured rule never received a required input."""
-        if self._disabled:
-            return
-        for read in self._reads:
-            if read.rule + ":" + read.what in self._unfed:
-                continue  # said at the first step already
-            if read.required and read.collections and not set(read.collections) & self._received:
-                log.warning(
-                    "trainguard: rule %s reads %s, but this worker saved nothing in %s: the rule "
-                    "cannot have checked it",
-                    read.rule,
-                    read.what,
-                    ", ".join(sorted(read.collections)),
-                )
+        if not self._disabled:
+            self._coverage.at_close(self._received)
 
     # ------------------------------------------------------------------ framework integration
     @_guarded()
@@ -1144,7 +1042,7 @@ class Hook:
                 undelivered=self._delivery.backlog, undelivered_bytes=0, dropped=self._drops.totals(),
                 error=f"closing failed: {exc}", end_marker_written=False,
             )  # fmt: skip
-            _announce(self._report)
+            announce(self._report)
             return self._report
         self._report = HookReport(
             job=self.job_name,
@@ -1160,8 +1058,8 @@ class Hook:
             end_marker_written=marker_ok,
         )
         if not self._report.ok:
-            _announce(self._report)
-        _forget_current(self)
+            announce(self._report)
+        forget_current(self)
         return self._report
 
     def _empty_report(self) -> HookReport:
@@ -1241,93 +1139,8 @@ class Hook:
         return False
 
 
-# ---------------------------------------------------------------------- helpers
-
-_TORCH_STORABLE = frozenset(
-    {
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "uint16",
-        "uint32",
-        "uint64",
-    }
-)
-
-
-def _is_torch(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
-
-
-def _numpy_storable(dtype: np.dtype[Any]) -> bool:
-    if dtype.name == "bfloat16":
-        return True
-    try:
-        stepfile.TensorBlob.from_numpy(np.zeros(0, dtype=dtype))
-    except stepfile.StepFormatError:
-        return False
-    return True
-
-
-def _host_copy(value: Any) -> Any:
-    """A host copy of a torch tensor; from an accelerator without blocking (the writer waits)."""
-    t = value.detach()
-    if t.device.type == "cpu":
-        return t.clone()
-    import torch
-
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
-    host.copy_(t, non_blocking=True)
-    if t.device.type == "cuda":
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        return DeviceCopy(host, event)
-    return host
-
-
-def _nbytes(copy: Any) -> int:
-    if copy is None:
-        return 0
-    if isinstance(copy, DeviceCopy):
-        copy = copy.tensor
-    if hasattr(copy, "nbytes"):
-        return int(copy.nbytes)
-    return int(copy.element_size() * copy.numel())
-
-
-def _scalar(value: Any) -> Any:
-    """Keep device tensors as they are (converted in the writer: no sync on the hot path)."""
-    if _is_torch(value):
-        t = value.detach()
-        if t.numel() != 1:
-            raise TypeError(f"a scalar must have one element, got shape {tuple(t.shape)}")
-        return t if t.device.type != "cpu" else float(t)
-    if isinstance(value, np.ndarray | np.generic) and np.size(value) != 1:
-        raise TypeError(f"a scalar must have one element, got shape {np.shape(value)}")
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, int | float):
-        raise TypeError(f"a scalar must be a number, got {type(value).__name__}")
-    return float(value)
-
-
 def _scalar_collection(name: str) -> str:
     return CollectionKeys.LOSSES if is_loss_name(name) else CollectionKeys.SCALARS
-
-
-def _search(regex: str, name: str) -> bool:
-    import re
-
-    return re.search(regex, name) is not None
 
 
 def _parse_rules(rules: list[dict[str, Any]] | None) -> list[Any]:
@@ -1339,115 +1152,6 @@ def _parse_rules(rules: list[dict[str, Any]] | None) -> list[Any]:
     except Exception as exc:  # never let a rules problem stop training
         log.warning("trainguard: cannot parse the rule configurations here (%s); recording the defaults", exc)
         return []
-
-
-def _reduction_statistics(reduction_config: Any) -> tuple[str, ...] | None:
-    """smdebug's hook-wide ``reduction_config`` (object or dict) as TensorStats fields."""
-    if reduction_config is None:
-        return None
-    from trainguard.hook.sagemaker import reduction_statistics
-
-    return reduction_statistics(reduction_config) or None
-
-
-def _smdebug_notes(
-    export_tensorboard: bool, tensorboard_dir: str | None, include_workers: str | None, dry_run: bool
-) -> list[str]:
-    """What smdebug's constructor arguments do here (said once, at INFO)."""
-    if include_workers not in (None, "one", "all"):
-        raise ValueError(f"include_workers must be 'one' or 'all', got {include_workers!r}")
-    notes = []
-    if export_tensorboard or tensorboard_dir:
-        notes.append(
-            "export_tensorboard/tensorboard_dir are smdebug's; trainguard writes its own format only"
-        )
-    if include_workers == "one":
-        notes.append(
-            "include_workers='one' is smdebug's default; every trainguard worker writes its segments"
-        )
-    return notes
-
-
-def _announce(report: HookReport) -> None:
-    """Say, so that it cannot be missed, what did not reach the job folder."""
-    lines = [f"trainguard: job {report.job} worker {report.worker}: NOT everything reached {report.url}"]
-    if report.error:
-        lines.append(f"  {report.error}")
-    if report.undelivered:
-        size = f"{report.undelivered_bytes / 1e6:.1f} MB"
-        where = f"; kept in {report.spill_dir}" if report.spill_dir else ""
-        lines.append(
-            f"  {report.undelivered} objects ({size}) were not delivered ({report.segments} segments "
-            f"made){where}. The service did not see them: rules may not have judged this job."
-        )
-    if not report.end_marker_written:
-        lines.append("  The end marker was not written: the service cannot tell that this worker finished.")
-    if report.dropped:
-        what = ", ".join(f"{n} {r}" for r, n in sorted(report.dropped.items()))
-        lines.append(f"  Values not recorded: {what}.")
-    message = "\n".join(lines)
-    log.error(message)
-    if not _logging_reaches_stderr():
-        print(message, file=sys.stderr, flush=True)
-
-
-def _logging_reaches_stderr() -> bool:
-    """Whether an ERROR from ``trainguard.hook`` is printed to stderr by logging itself."""
-    logger: logging.Logger | None = log
-    handlers: list[logging.Handler] = []
-    while logger is not None:
-        handlers.extend(logger.handlers)
-        if not logger.propagate:
-            break
-        logger = logger.parent
-    if not handlers:
-        return logging.lastResort is not None
-    return any(
-        isinstance(h, logging.StreamHandler)
-        and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__)
-        and h.level <= logging.ERROR
-        for h in handlers
-    )
-
-
-# ---------------------------------------------------------------------- the current hook (smdebug's get_hook)
-
-_current: weakref.ReferenceType[Hook] | None = None
-
-
-def _set_current(hook: Hook) -> None:
-    global _current
-    _current = weakref.ref(hook)
-
-
-def _forget_current(hook: Hook) -> None:
-    global _current
-    if _current is not None and _current() is hook:
-        _current = None
-
-
-def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = False) -> Hook | None:
-    """The hook created last in this process (smdebug's ``get_hook``), or None.
-
-    With ``create_if_not_exists``: one is created from SageMaker's hook configuration
-    (``Hook.create_from_json_file``), else from the environment (``Hook()``), when none exists.
-    """
-    hook = _current() if _current is not None else None
-    if hook is None and create_if_not_exists:
-        hook = (
-            Hook.create_from_json_file(json_config_path)
-            if json_config_path or os.path.exists(env.sagemaker_hook_config_path())
-            else None
-        )
-        if hook is None:
-            hook = Hook()
-    return hook
-
-
-def del_hook() -> None:
-    """Forget the current hook (smdebug's ``del_hook``); it is not closed."""
-    global _current
-    _current = None
 
 
 def _close_at_exit(ref: weakref.ReferenceType[Hook]) -> None:

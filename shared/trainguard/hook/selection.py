@@ -25,13 +25,16 @@ full value is stored). Collections a rule reads are turned on by the hook
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainguard.hook.config import STANDARD_STATISTICS, Collection, CollectionKeys
 from trainguard.hook.stats import StatSpec
+
+log = logging.getLogger("trainguard.hook")
 
 #: in a declaration's statistics: the standard set and the optional reductions each
 #: collection configures (what a rule that does not declare its reads is given)
@@ -119,6 +122,11 @@ class StatisticsPlan:
         self.explicit = frozenset(explicit)
         self.everything = everything
         self._cache: dict[tuple[str, tuple[str, ...], str, bool], TensorChoice] = {}
+
+    def asked_for(self, collection: str) -> None:
+        """The user named ``collection`` (``add_collection``): it gets the standard set too."""
+        self.explicit = self.explicit | {collection}
+        self._cache.clear()
 
     def required_collections(self) -> set[str]:
         """Collections some configured rule reads (the hook turns them on).
@@ -237,3 +245,50 @@ def declarations(configured: Iterable[Any]) -> tuple[list[ReadDeclaration], list
 def scalar_collections(reads: Iterable[ReadDeclaration]) -> set[str]:
     """Collections whose scalars some rule reads (``losses`` for the loss rules)."""
     return {c for r in reads if r.scalars for c in r.collections}
+
+
+class FeedCheck:
+    """Says plainly when a configured rule cannot get what it reads: at the first step, for
+    a collection nothing registered produces; at close, for a required input never saved."""
+
+    def __init__(self, reads: Sequence[ReadDeclaration], problems: Sequence[str]) -> None:
+        self.reads = tuple(reads)
+        self.problems = tuple(problems)
+        self._said: set[str] = set()
+
+    def first_step(self, producers: Mapping[str, set[str]]) -> None:
+        for problem in self.problems:
+            log.warning(
+                "trainguard: %s; the hook cannot tell what it reads and records the defaults", problem
+            )
+        if not producers:
+            return  # a plain loop: explicit saves decide; at_close says what no rule received
+        produced = set().union(*producers.values())
+        for read in self.reads:
+            if not read.required or read.scalars or not read.collections:
+                continue  # scalars (losses) are usually saved explicitly: at_close says if none came
+            if not read.collections & produced:
+                self._said.add(read.rule + ":" + read.what)
+                log.warning(
+                    "trainguard: rule %s reads %s (collections %s), but nothing registered with this "
+                    "hook (%s) produces them: that rule will see nothing unless you save them with "
+                    "hook.save_tensor(..., collections=[%r])",
+                    read.rule,
+                    read.what,
+                    ", ".join(sorted(read.collections)),
+                    ", ".join(sorted(producers)),
+                    sorted(read.collections)[0],
+                )
+
+    def at_close(self, received: set[str]) -> None:
+        for read in self.reads:
+            if read.rule + ":" + read.what in self._said:
+                continue  # said at the first step already
+            if read.required and read.collections and not read.collections & received:
+                log.warning(
+                    "trainguard: rule %s reads %s, but this worker saved nothing in %s: the rule "
+                    "cannot have checked it",
+                    read.rule,
+                    read.what,
+                    ", ".join(sorted(read.collections)),
+                )
