@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainguard.text import printable
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainguard", description=__doc__)
@@ -129,7 +131,7 @@ def _replay(args: argparse.Namespace) -> int:
     if show:
         sys.stderr.write("\n")
     for warning in result.warnings[:20]:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {printable(warning)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
     else:
@@ -190,6 +192,9 @@ def print_status(store: Any, job: str | None, as_json: bool = False) -> int:
                         "TrainingJobName": s.job,
                         "TrainingJobStatus": s.training_status,
                         "LastStep": s.watermark,
+                        "Dropped": s.dropped,
+                        "DroppedObjects": s.dropped_objects,
+                        "EndReason": s.end_reason,
                         "DebugRuleEvaluationStatuses": [
                             {
                                 "RuleConfigurationName": r.name,
@@ -212,11 +217,17 @@ def print_status(store: Any, job: str | None, as_json: bool = False) -> int:
             f"{state.job} ({state.training_status}, last step {state.watermark})",
             [(r.name, r.status, r.details) for r in state.rules],
         )
+        if state.dropped or state.dropped_objects:
+            print(printable(f"  dropped by the hook: {state.dropped_summary()}"))
+        if state.end_reason:
+            print(printable(f"  ended by trainguard: {state.end_reason}"))
     return 0
 
 
 def _print_rules(title: str, rows: list[tuple[str, str, str]]) -> None:
-    print(title)
+    """Names and details come from jobs: escape bytes and control characters are shown escaped."""
+    print(printable(title))
+    rows = [(printable(n), printable(st), printable(d)) for n, st, d in rows]
     width = max((len(n) for n, _, _ in rows), default=10)
     for name, status, details in rows:
         short = details.split(". ", 1)[-1] if details.startswith("RuleEvaluationConditionMet") else details

@@ -37,6 +37,7 @@ from trainguard.format.documents import (
     TensorStats,
     decode_step_header,
     parse_document,
+    read_bounded_document,
     tensor_key,
 )
 from trainguard.hook.storage import ObjectNotFound, Store, open_store
@@ -89,7 +90,7 @@ class Trial:
         """The job manifest (None if rank 0 has not written it)."""
         if self._manifest is None:
             try:
-                raw = self.store.get(layout.MANIFEST)
+                raw = read_bounded_document(self.store, layout.MANIFEST)
             except ObjectNotFound:
                 return None
             self._manifest = parse_document(Manifest, raw)
@@ -120,12 +121,12 @@ class Trial:
             except layout.LayoutError:
                 continue
             if ref.kind is layout.ObjectKind.END and ref.worker is not None:
-                markers[ref.worker] = parse_document(EndMarker, self.store.get(key))
+                markers[ref.worker] = parse_document(EndMarker, read_bounded_document(self.store, key))
         return markers
 
     def stop_signal(self) -> StopSignal | None:
         try:
-            raw = self.store.get(layout.STOP_SIGNAL)
+            raw = read_bounded_document(self.store, layout.STOP_SIGNAL)
         except ObjectNotFound:
             return None
         result: StopSignal = parse_document(StopSignal, raw)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.format import layout
-from trainguard.format.documents import Manifest, parse_document
-from trainguard.format.system import SystemBatch, parse_system_batch
+from trainguard.format.documents import Manifest, parse_document, read_bounded_document
+from trainguard.format.system import MAX_SYSTEM_BYTES, SystemBatch, parse_system_batch
 
 MAX_SYSTEM_OBJECTS = 50_000
 MAX_STEP_OBJECTS = 5_000
@@ -55,7 +55,7 @@ def load_job_data(path_or_s3: str | os.PathLike[str], store: Any = None) -> JobD
     store = store or open_store(url)
     data = JobData(job=_job_name(url), source=url)
     try:
-        raw = store.get(layout.MANIFEST)
+        raw = read_bounded_document(store, layout.MANIFEST)
         data.manifest = parse_document(Manifest, raw)
         data.job = data.manifest.job
     except Exception as exc:
@@ -82,7 +82,7 @@ def _load_system(store: Any, data: JobData) -> None:
 
     def fetch(key: str) -> SystemBatch | str:
         try:
-            return parse_system_batch(store.get(key))
+            return parse_system_batch(read_bounded_document(store, key, MAX_SYSTEM_BYTES))
         except Exception as exc:
             return f"{key}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 

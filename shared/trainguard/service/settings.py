@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from trainguard.format.layout import INGEST_PREFIX
 
+#: a job that has sent nothing for this many days is ended by the clock (clear status per rule)
+STALE_JOB_DAYS_ENV = "TRAINGUARD_STALE_JOB_DAYS"
+DEFAULT_STALE_JOB_DAYS = 7.0
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -16,6 +20,8 @@ class Settings:
     topic_arn: str | None
     ingest_dlq_url: str | None
     ingest_prefix: str = INGEST_PREFIX
+    #: seconds of silence after which the clock ends a job (``TRAINGUARD_STALE_JOB_DAYS``)
+    stale_after_s: float = DEFAULT_STALE_JOB_DAYS * 86400
 
     @staticmethod
     def from_env() -> Settings:
@@ -29,4 +35,18 @@ class Settings:
             topic_arn=os.environ.get("TOPIC_ARN") or None,
             ingest_dlq_url=os.environ.get("INGEST_DLQ_URL") or None,
             ingest_prefix=os.environ.get("INGEST_PREFIX", INGEST_PREFIX),
+            stale_after_s=stale_job_days(os.environ.get(STALE_JOB_DAYS_ENV)) * 86400,
         )
+
+
+def stale_job_days(raw: str | None) -> float:
+    """The stale-job setting: a finite number of days above zero (default 7)."""
+    if raw is None or not raw.strip():
+        return DEFAULT_STALE_JOB_DAYS
+    try:
+        days = float(raw)
+    except ValueError:
+        days = float("nan")
+    if not 0 < days < 3650:  # NaN fails this too
+        raise RuntimeError(f"{STALE_JOB_DAYS_ENV}={raw!r}: expected a number of days in (0, 3650)")
+    return days
