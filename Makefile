@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/hook_overhead.py
 	$(BIN)/python bench/monitor_overhead.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/integrations_overhead.py
 
 bench-accuracy: setup
 	$(BIN)/python -m bench.accuracy

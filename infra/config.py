@@ -20,6 +20,10 @@ Keys (context names; the config file uses the same)::
     ruleModules       custom rules: DIR:module[,DIR:module...] (DIR relative to the repo root);
                       each DIR becomes part of a second layer on the rule-evaluating functions
                       and each module (with RULES = [...]) is imported and validated at synth
+    defaultRules      the rules of a job that declares none: a JSON file (relative to the repo
+                      root) or inline JSON, in any shape the SageMaker SDK writes (a list,
+                      DebugRuleConfigurations/ProfilerRuleConfigurations, a CreateTrainingJob
+                      request); validated at synth (default: trainguard's built-in defaults)
     nag               "false" skips the cdk-nag AwsSolutions checks in infra/app.py
 """
 
@@ -41,6 +45,10 @@ _BUS = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ARCHITECTURES = ("x86_64", "arm64")
+#: Lambda's environment holds 4 KB in all; the default rules may take this much of it
+MAX_DEFAULT_RULES_BYTES = 3072
+#: rule-container settings the SDK writes into each entry; not needed in the environment
+_CONTAINER_KEYS = ("RuleEvaluatorImage", "InstanceType", "VolumeSizeInGB", "LocalPath", "S3OutputPath")
 #: values CloudWatch Logs accepts (a subset: the common ones)
 RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 180, 365)
 
@@ -60,6 +68,40 @@ def _as_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, (list, tuple)):
         return tuple(str(v).strip() for v in value if str(v).strip())
     raise ConfigError(f"expected a comma-separated string or a list, got {value!r}")
+
+
+def _default_rules(value: Any, repo: Path) -> str | None:
+    """``defaultRules`` as the compact JSON the rule-evaluating functions read, validated."""
+    if value is None or value == "":
+        return None
+    from trainguard.rules.config import parse_rule_configurations
+    from trainguard.rules.sagemaker import RulesFormatError, load_rules_file, loads_rules, normalize_rules
+
+    try:
+        if isinstance(value, (list, dict)):
+            rules = normalize_rules(value)
+        elif isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+            rules = loads_rules(value, "defaultRules")
+        else:
+            rules = load_rules_file(repo / str(value))
+    except RulesFormatError as exc:
+        raise ConfigError(f"defaultRules: {exc}") from None
+    entries = [
+        {k: v for k, v in e.items() if k not in _CONTAINER_KEYS} if isinstance(e, dict) else e
+        for e in rules.entries()
+    ]
+    if not entries:
+        raise ConfigError("defaultRules: no rule configurations (leave it unset for the built-in defaults)")
+    bad = [f"{c.configuration_name}: {c.error}" for c in parse_rule_configurations(entries) if c.error]
+    if bad:
+        raise ConfigError("defaultRules: " + "; ".join(bad)[:2000])
+    text = json.dumps(entries, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > MAX_DEFAULT_RULES_BYTES:
+        raise ConfigError(
+            f"defaultRules: {len(text.encode())} bytes of JSON; Lambda's environment leaves room for "
+            f"{MAX_DEFAULT_RULES_BYTES} (fewer rules or parameters, or give jobs their rules in the hook)"
+        )
+    return text
 
 
 def _as_int(key: str, value: Any) -> int:
@@ -103,6 +145,8 @@ class StackConfig:
     data_retention_days: int = 90
     bus_name: str = "trainguard"
     rule_modules: tuple[RuleModuleSource, ...] = ()
+    #: ``defaultRules`` as validated, compact JSON (None: the built-in defaults)
+    default_rules: str | None = None
 
     def __post_init__(self) -> None:
         for email in (*self.alert_emails, *self.ops_emails, *self.rule_alarm_emails):
@@ -175,4 +219,5 @@ class StackConfig:
             rule_modules=tuple(
                 dict.fromkeys(RuleModuleSource.parse(e, repo) for e in _as_list(get("ruleModules")))
             ),
+            default_rules=_default_rules(get("defaultRules"), repo),
         )

@@ -31,6 +31,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 from trainguard.engine.events import EVENT_SOURCE
 from trainguard.format.layout import REPORT, STOP_SIGNAL
+from trainguard.rules.config import DEFAULT_RULES_ENV
 from trainguard.wiring import TABLE, WIRING, FunctionSpec, TableSpec, Wiring
 
 from infra.config import StackConfig
@@ -116,6 +117,8 @@ STATIC_GRANTS = (
     "bus:put",
     "topic:publish",
     "sagemaker:stop",
+    "sagemaker:read",
+    "default-bus:put",
 )
 
 
@@ -462,6 +465,20 @@ class TrainguardStack(Stack):
                     "EncryptForAlertTopic", ["kms:GenerateDataKey", "kms:Decrypt"], [self.topic_key.key_arn]
                 ),
             ],
+            "sagemaker:read": lambda: [
+                _allow(
+                    "ReadTrainingJobsAndTags",
+                    ["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
+                    [self.format_arn(service="sagemaker", resource="training-job", resource_name="*")],
+                )
+            ],
+            "default-bus:put": lambda: [
+                _allow(
+                    "PutSageMakerShapedEvents",
+                    ["events:PutEvents"],
+                    [self.format_arn(service="events", resource="event-bus", resource_name="default")],
+                )
+            ],
             "sagemaker:stop": lambda: [
                 _allow(
                     "StopTrainingJobs",
@@ -493,6 +510,8 @@ class TrainguardStack(Stack):
             env["INGEST_DLQ_URL"] = self.dlqs[f"{ingest}-dlq"].queue_url
         if self.rule_layer is not None and spec.id in RULE_MODULE_FUNCTIONS:
             env[RULE_MODULES_ENV] = ",".join(self._rule_module_names())
+        if self.config.default_rules is not None and spec.id in RULE_MODULE_FUNCTIONS:
+            env[DEFAULT_RULES_ENV] = self.config.default_rules  # the stack's defaultRules
         return env
 
     def _rule_module_names(self) -> list[str]:

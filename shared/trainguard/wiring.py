@@ -13,6 +13,8 @@ Data flow::
                         ┌──────────────────────────┼──────────────────────────┐
                   notify (SNS email/SMS)     stop-job (StopTrainingJob      user actions
                                               or cooperative stop signal)   (their Lambdas)
+                  sagemaker_events ──► default bus: "SageMaker Training Job State Change"
+                                       (Lambdas written for SageMaker Debugger)
     Schedule (rate 1 min) ──► clock (StalledTrainingRule, MaxInitializationTime)
 """
 
@@ -162,6 +164,19 @@ WIRING = Wiring(
             description="Stops a job whose rule fired: StopTrainingJob, or the cooperative stop signal",
             grants=("bucket:write-stop", "table:readwrite", "sagemaker:stop", "bus:put"),
         ),
+        FunctionSpec(
+            "sagemaker_events",
+            handler="handler.handler",
+            timeout_s=30,
+            memory_mb=256,
+            description=(
+                "Turns rule-status events into SageMaker Training Job State Change events on the "
+                "default bus, once per change, for Lambdas written for SageMaker Debugger"
+            ),
+            # its own views (pk idempotency#sagemaker_events); PutEvents to the default bus;
+            # DescribeTrainingJob + ListTags to prove a claimed SageMaker job is the job's
+            grants=("table:readwrite", "default-bus:put", "sagemaker:read"),
+        ),
     ),
     bus_rules=(
         BusRuleSpec(
@@ -181,6 +196,12 @@ WIRING = Wiring(
             "Stop the job when a rule with the StopTraining action finds issues",
             status_pattern(["IssuesFound"], Actions=["StopTraining"]),
             target="stop_job",
+        ),
+        BusRuleSpec(
+            "sagemaker-events",
+            "Every rule-status change and job end, as SageMaker Training Job State Change events",
+            {"source": [EVENT_SOURCE], "detail-type": [DETAIL_TYPE, JOB_DETAIL_TYPE]},
+            target="sagemaker_events",
         ),
     ),
 )

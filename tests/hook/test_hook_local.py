@@ -39,7 +39,7 @@ def test_numpy_loop_round_trip(tmp_path):
     trial = trainguard.create_trial(out)
     assert trial.steps() == [0, 1, 2, 3, 4, 5]
     assert trial.steps(mode="EVAL") == [5]
-    assert trial.workers() == [0]
+    assert trial.workers() == ["worker_0"] and trial.ranks() == [0]  # smdebug's worker names
     assert trial.tensor("loss").values() == {s: 1.0 / (s + 1) for s in range(6)}
     assert trial.tensor("val_loss").value(5, mode=modes.EVAL) == 0.5
     assert trial.tensor("w").steps() == [0, 2, 4]
@@ -103,7 +103,7 @@ def test_multi_worker_layout(tmp_path):
             for step in range(rank, 4):  # worker r starts late: each has its own chain
                 hook.save_scalar("loss", float(rank), step=step, collections=["losses"])
     trial = trainguard.create_trial(out)
-    assert trial.workers() == [0, 1, 2]
+    assert trial.workers() == ["worker_0", "worker_1", "worker_2"] and trial.ranks() == [0, 1, 2]
     assert trial.steps() == [0, 1, 2, 3]
     assert trial.steps(worker=2) == [2, 3]
     assert trial.header(3, worker=2).prev_step == 2 and trial.header(2, worker=2).prev_step is None

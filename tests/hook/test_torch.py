@@ -72,7 +72,8 @@ def test_torch_loop_round_trip(tmp_path):
             crit(model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]))
     trial = trainguard.create_trial(out)
     assert trial.steps() == [0, 2, 4, 5]
-    assert trial.steps(mode="EVAL") == [5]
+    # smdebug's semantics: with a mode, steps are that mode's own (EVAL's first is 0)
+    assert trial.steps(mode="EVAL") == [0] and trial.global_step("EVAL", 0) == 5
     assert trial.manifest.frameworks[0].name == "pytorch"
     for step in (0, 2, 4):
         rec = record[step]
@@ -103,7 +104,7 @@ def test_torch_loop_round_trip(tmp_path):
     grads = [n for n in header_names if n.startswith("gradient/")]
     assert grads == [f"gradient/{n}" for n, _ in model.named_parameters()]
     # EVAL step: weights and loss, no gradients
-    eval_names = trial.tensor_names(step=5, mode="EVAL")
+    eval_names = trial.tensor_names(step=0, mode="EVAL")  # EVAL's step 0 (global step 5)
     assert "0.weight" in eval_names and not any(n.startswith("gradient/") for n in eval_names)
 
 

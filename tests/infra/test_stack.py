@@ -463,7 +463,32 @@ EXPECTED_GRANTS: dict[str, list[tuple[set[str], Any]]] = {
         )
     ],
     "ingest-dlq:send": [({"sqs:SendMessage"}, lambda st: [getatt_arn(st, st.dlqs["ingest-dlq"])])],
+    "sagemaker:read": [
+        (
+            {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags"},
+            lambda st: [_arn(":sagemaker:", ":training-job/*")],
+        )
+    ],
+    "default-bus:put": [({"events:PutEvents"}, lambda st: [_arn(":events:", ":event-bus/default")])],
 }
+
+
+def _arn(service: str, resource: str) -> dict[str, Any]:
+    """``arn:<partition><service><region>:<account><resource>`` as CDK's format_arn writes it."""
+    return {
+        "Fn::Join": [
+            "",
+            [
+                "arn:",
+                {"Ref": "AWS::Partition"},
+                service,
+                {"Ref": "AWS::Region"},
+                ":",
+                {"Ref": "AWS::AccountId"},
+                resource,
+            ],
+        ]
+    }
 
 
 def test_each_grant_token_maps_to_exactly_its_least_privilege_statements(
@@ -615,8 +640,16 @@ def test_report_rule_matches_exactly_the_job_finished_event(
         rid: EventPattern.load(json.dumps(props(template, lid(stack, rule))["EventPattern"]))
         for rid, rule in stack.rules.items()
     }
-    assert {rid for rid, pat in matching.items() if pat.matches_event(finished)} == {"report"}
-    assert {rid for rid, pat in matching.items() if pat.matches_event(status)} == {"alert", "stop"}
+    # sagemaker_events turns every status event into a SageMaker-shaped one
+    assert {rid for rid, pat in matching.items() if pat.matches_event(finished)} == {
+        "report",
+        "sagemaker-events",
+    }
+    assert {rid for rid, pat in matching.items() if pat.matches_event(status)} == {
+        "alert",
+        "stop",
+        "sagemaker-events",
+    }
 
 
 def test_function_roles_trust_only_lambda_and_use_no_managed_policies(

@@ -4,6 +4,10 @@ Two nodes (``algo-1``, ``algo-2``), one worker each, two GPUs per node, sampled 
 for 20 minutes: 90 s of initialisation, a training loop with a checkpoint stall every 250
 steps, a slowly leaking GPU on algo-2 that also does less work, too few data-loader workers,
 and TRAIN/EVAL losses saved every 10 steps by worker 0.
+
+``diverge=True``: the loss blows up near the end (one 2.57e7, then inf and NaN) and both
+workers write their end markers, so the job's model rules (the default set) are judged:
+ExplodingTensor fires. The report must show it, clip the loss axis and mark the onset.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 
 from trainguard.format import layout
 from trainguard.format.documents import (
+    EndMarker,
     FrameworkInfo,
     Manifest,
     ModeRecord,
@@ -62,7 +67,9 @@ def step_events(total_s: float = TOTAL_S) -> list[tuple[int, float, float, float
     return out
 
 
-def write_demo_job(root: Path, job: str = "demo-job", total_s: float = TOTAL_S) -> Path:
+def write_demo_job(
+    root: Path, job: str = "demo-job", total_s: float = TOTAL_S, diverge: bool = False
+) -> Path:
     folder = root / job
     rng = random.Random(11)
     events = step_events(total_s)
@@ -146,10 +153,17 @@ def write_demo_job(root: Path, job: str = "demo-job", total_s: float = TOTAL_S) 
             )
             _write(folder, layout.system_key(worker, seq), dump_system_batch(batch))
     prev = None
+    saved = [e for e in events if e[0] % 10 == 0]
+    blow_up = {
+        s[0]: v
+        for s, v in zip(saved[-6:], (2.57e7, math.inf, math.inf, math.nan, math.nan, math.inf), strict=True)
+    }
     for step, _, end, _ in events:
         if step % 10:
             continue
         loss = 2.3 * math.exp(-step / 900) + 0.15 + rng.uniform(-0.05, 0.05)
+        if diverge and step in blow_up:
+            loss = blow_up[step]
         modes = {
             "TRAIN": ModeRecord(
                 mode_step=step, scalars={"loss": ScalarRecord(value=loss, collections=["losses"])}
@@ -168,6 +182,19 @@ def write_demo_job(root: Path, job: str = "demo-job", total_s: float = TOTAL_S) 
         )
         _write(folder, layout.step_key(step, 0), encode_step(header, {}))
         prev = step
+    if diverge:
+        batches = len(list((folder / "system" / "worker-00000").glob("*.json")))
+        for worker in (0, 1):
+            marker = EndMarker(
+                job=job,
+                worker=worker,
+                world_size=2,
+                last_step=prev if worker == 0 else None,
+                wall_time=T0 + total_s,
+                steps_written=len(saved) if worker == 0 else 0,
+                system_batches=batches,
+            )
+            _write(folder, layout.end_key(worker), dump_document(marker))
     return folder
 
 

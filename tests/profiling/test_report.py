@@ -79,7 +79,8 @@ def test_main_report_cli(small_demo: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "cli.html"
     assert main_report([str(small_demo), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
-    assert main_report(["ftp://nowhere/job"]) == 1
+    assert main_report(["ftp://nowhere/job"]) == 2
+    assert "trainguard report: ftp://nowhere/job: unsupported URL scheme" in capsys.readouterr().err
 
 
 def test_generate_report_on_s3(small_demo: Path) -> None:

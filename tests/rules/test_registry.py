@@ -16,7 +16,8 @@ from trainguard.rules.registry import RULES
 
 TESTS = Path(__file__).parent
 #: rules whose defaults alone cannot fire, so a bare configuration is an Error status
-NEED_PARAMETERS = {"TensorVariance"}
+#: rules that cannot start from their defaults (SageMaker's defaults must all start: none)
+NEED_PARAMETERS: set[str] = set()
 
 
 def _rule_classes_by_module() -> dict[str, list[type]]:

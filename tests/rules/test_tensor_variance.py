@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from rulejobs import SHORT, config_error, long_run, make, repeat, run, state_bytes, step_data, tensor
+from trainguard.rules.config import parse_rule_configurations
 
 
 def job(stds: list[float]) -> list:
@@ -34,7 +35,11 @@ def test_within_bounds() -> None:
 def test_parameters() -> None:
     c = make("TensorVariance", collection_names="weights", max_threshold="10", min_threshold="0.1").config
     assert (c.collection_names, c.max_threshold, c.min_threshold) == (("weights",), 10.0, 0.1)
-    assert "set max_threshold" in config_error("TensorVariance")
+    # SageMaker's defaults (no threshold) are accepted: the rule cannot fire, and says so
+    [configured] = parse_rule_configurations(
+        [{"RuleConfigurationName": "TensorVariance", "RuleParameters": {"rule_to_invoke": "TensorVariance"}}]
+    )
+    assert configured.error is None and "cannot fire" in " ".join(configured.notes)
     assert "must not exceed" in config_error("TensorVariance", min_threshold="5", max_threshold="1")
 
 

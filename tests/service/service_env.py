@@ -9,12 +9,11 @@ from typing import Any
 from urllib.parse import quote_plus
 
 import pytest
-from trainguard import service as service_package
 from trainguard.rules import plugins
 
 #: a custom rule module whose rule never returns from ``update`` (a stuck rule, whatever the
 #: cause: a user's own code, a regex, a slow dependency); ``time.sleep`` is interrupted by a signal
-HANGING_RULES = '''
+HANGING_RULES = """
 import time
 
 from trainguard.rules.base import Rule, RuleConfig, RuleState
@@ -45,7 +44,7 @@ class Hangs(Rule[HangsConfig, HangsState]):
 
 
 RULES = [Hangs]
-'''
+"""
 
 HANGS = [{"RuleConfigurationName": "hangs", "RuleParameters": {"rule_to_invoke": "Hangs"}}]
 
@@ -56,17 +55,6 @@ def use_hanging_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (folder / "hanging_rules.py").write_text(textwrap.dedent(HANGING_RULES))
     monkeypatch.setenv(plugins.ENV_VAR, f"{folder}:hanging_rules")
     plugins.reset()
-
-
-def function_env(aws: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Set the functions' environment for the moto resources of ``aws``; return the DLQ's URL."""
-    dlq = aws.sqs.create_queue(QueueName="tg-ingest-dlq")["QueueUrl"]
-    monkeypatch.setenv("TABLE_NAME", aws.table)
-    monkeypatch.setenv("BUS_NAME", aws.bus)
-    monkeypatch.setenv("BUCKET_NAME", aws.bucket)
-    monkeypatch.setenv("INGEST_DLQ_URL", dlq)
-    service_package.reset()
-    return dlq
 
 
 def notification(bucket: str, *keys: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from service_env import HANGS, dlq_messages, function_env, notification, use_hanging_rule
+from service_env import HANGS, dlq_messages, notification, use_hanging_rule
 from trainguard.local.synthetic import SyntheticJob
 from trainguard.service import evaluate
 from trainguard.service.budget import Deadline, JobTimeBudgetExceeded, time_budget
@@ -114,11 +114,10 @@ def test_the_tick_looks_at_a_bounded_number_of_jobs_and_rotates(aws, monkeypatch
     assert MAX_JOBS_PER_TICK >= 100  # the real bound: what a 60 s tick can do
 
 
-def test_a_batch_fails_only_the_records_of_the_job_that_hangs(aws, tmp_path, monkeypatch):
+def test_a_batch_fails_only_the_records_of_the_job_that_hangs(aws, functions, tmp_path, monkeypatch):
     """Two jobs in one SQS batch: one's rule never returns; the other is judged, and only the
     hanging job's records are reported as failures (SQS redelivers them, not the others)."""
     use_hanging_rule(tmp_path, monkeypatch)
-    function_env(aws, monkeypatch)
     evaluate.service().job_budget_s = 0.5
     fine = SyntheticJob("fine", steps=[0, 1, 2, 3], nan_steps=frozenset({2}))
     stuck = SyntheticJob("stuck", steps=[0, 1], rules=HANGS)
@@ -141,9 +140,9 @@ def test_a_batch_fails_only_the_records_of_the_job_that_hangs(aws, tmp_path, mon
     assert state.rule("ExplodingTensor").step == 2
 
 
-def test_a_record_on_its_last_delivery_is_dead_lettered_with_its_reason(aws, tmp_path, monkeypatch):
+def test_a_last_delivery_is_dead_lettered_with_its_reason(aws, functions, tmp_path, monkeypatch):
     use_hanging_rule(tmp_path, monkeypatch)
-    dlq = function_env(aws, monkeypatch)
+    dlq = functions
     evaluate.service().job_budget_s = 0.5
     stuck = SyntheticJob("stuck", steps=[0], rules=HANGS, ended=False)
     keys = sorted(aws.put_job("stuck", stuck.objects()), key=_manifest_first)

@@ -51,8 +51,8 @@ from trainguard.engine.model import (
     Transition,
     UnreadableObject,
 )
-from trainguard.format.documents import EndMarker, Manifest, SegmentHeader, StepHeader
-from trainguard.rules.base import Finding, Rule, StepData
+from trainguard.format.documents import EndMarker, Manifest, Mode, SegmentHeader, StepHeader
+from trainguard.rules.base import Finding, Rule, StepData, fmt
 from trainguard.rules.config import MAX_RULES_PER_JOB, ConfiguredRule, parse_rule_configurations
 from trainguard.rules.profiler.base import ProfilerRule
 
@@ -719,7 +719,7 @@ def _evaluate_step(
             )
             continue
         if findings:
-            _fire(out, record, findings[0], now)
+            _fire(out, record, findings[0], now, data)
 
 
 def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
@@ -761,12 +761,28 @@ def _finish(out: Outcome, rules: dict[str, ConfiguredRule], now: float) -> None:
             )
 
 
-def _fire(out: Outcome, record: RuleRecord, finding: Finding, now: float) -> None:
+def _fire(
+    out: Outcome, record: RuleRecord, finding: Finding, now: float, data: StepData | None = None
+) -> None:
     record.step = finding.step
+    record.mode, record.mode_step = _mode_step(data, finding.step)
     record.value = _finite_or_none(finding.value)
+    record.value_text = None if finding.value is None or record.value is not None else fmt(finding.value)
     record.threshold = _finite_or_none(finding.threshold)
     record.tensor = finding.tensor
     _set_status(out, record, "IssuesFound", finding.details(), now)
+
+
+def _mode_step(data: StepData | None, step: int) -> tuple[Mode | None, int | None]:
+    """The mode of global step ``step`` and its mode step (TRAIN first when a step holds several)."""
+    if data is None or data.step != step:
+        return None, None
+    for mode in data.modes():
+        for header in data.workers:
+            record = header.modes.get(mode)
+            if record is not None:
+                return mode, record.mode_step
+    return None, None
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -822,7 +838,10 @@ def build_event(state: JobState, transition: Transition) -> RuleStatusDetail:
         StatusDetails=record.details,
         LastModifiedTime=record.modified,
         Step=record.step,
+        Mode=record.mode,
+        ModeStep=record.mode_step,
         Value=record.value,
+        ValueText=record.value_text,
         Threshold=record.threshold,
         Tensor=record.tensor,
         Actions=record.actions,

@@ -6,6 +6,10 @@ SageMaker Debugger keep working, and a ``DebugRuleEvaluationStatuses`` list of e
 of the job, the shape AWS's documented stop-on-IssuesFound automation reads. trainguard's
 own additions: ``Step``, ``Value``, ``Threshold``, ``Tensor``, ``Actions`` and ``EventId``
 (``<job>/<rule>/<seq>``, unique per transition: consumers deduplicate on it).
+
+The SageMaker-shaped ``SageMaker Training Job State Change`` events made from these (for
+Lambdas written for SageMaker Debugger) are a contract of their own, in
+:mod:`trainguard.engine.sagemaker_events`.
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ class RuleStatusDetail(BaseModel):
     #: seconds since the epoch (float), as SageMaker's API returns it
     LastModifiedTime: float
     Step: int | None = None
+    #: the mode of the global step ``Step`` and the loop's own count of that mode's steps
+    #: (EVAL passes advance the global step: TRAIN step 62 can be global step 68)
+    Mode: Literal["TRAIN", "EVAL", "PREDICT", "GLOBAL"] | None = None
+    ModeStep: int | None = None
     Value: float | None = None
+    #: the measured value as text when it is not a finite number ("inf", "nan"): JSON has none
+    ValueText: str | None = Field(default=None, max_length=64)
     Threshold: float | None = None
     Tensor: str | None = None
     Actions: list[str] = Field(default_factory=list)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
-from trainguard.format.documents import Manifest, SegmentHeader, StepHeader
+from trainguard.format.documents import Manifest, Mode, SegmentHeader, StepHeader
 from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
@@ -30,7 +30,12 @@ class RuleRecord(BaseModel):
     status: Status = "InProgress"
     details: str = ""
     step: int | None = None
+    #: the mode of ``step`` and its mode step, when the step's data said (model rules)
+    mode: Mode | None = None
+    mode_step: int | None = None
     value: float | None = None
+    #: the value as text when it was not finite (``value`` is then None)
+    value_text: str | None = None
     threshold: float | None = None
     tensor: str | None = None
     actions: list[str] = Field(default_factory=list)
@@ -123,24 +128,28 @@ class JobState(BaseModel):
 
     def dropped_summary(self) -> str:
         """``"120 values (queue_full: 100, nonfinite_stats: 20) and 2 objects"``, or "" when none."""
-        parts: list[str] = []
-        values = sum(self.dropped.values())
-        if values:
-            ranked = sorted(self.dropped.items(), key=lambda i: (-i[1], i[0]))
-            reasons = ", ".join(f"{r[:40]}: {n:,}" for r, n in ranked[:3])
-            if len(ranked) > 3:
-                reasons += f", {len(ranked) - 3} more reasons"
-            parts.append(f"{values:,} value{'' if values == 1 else 's'} ({reasons})")
-        if self.dropped_objects:
-            n = self.dropped_objects
-            parts.append(f"{n:,} object{'' if n == 1 else 's'} not delivered")
-        return " and ".join(parts)
+        return dropped_text(self.dropped, self.dropped_objects)
 
     @property
     def training_status(self) -> str:
         if self.finished:
             return "Stopped" if self.stopped or self.stop_requested else "Completed"
         return "InProgress"
+
+
+def dropped_text(dropped: dict[str, int], objects: int = 0) -> str:
+    """Drop counts as a person reads them (the three largest reasons, then how many more)."""
+    parts: list[str] = []
+    values = sum(dropped.values())
+    if values:
+        ranked = sorted(dropped.items(), key=lambda i: (-i[1], i[0]))
+        reasons = ", ".join(f"{r[:40]}: {n:,}" for r, n in ranked[:3])
+        if len(ranked) > 3:
+            reasons += f", {len(ranked) - 3} more reasons"
+        parts.append(f"{values:,} value{'' if values == 1 else 's'} ({reasons})")
+    if objects:
+        parts.append(f"{objects:,} object{'' if objects == 1 else 's'} not delivered")
+    return " and ".join(parts)
 
 
 class UnreadableObject(ValueError):

@@ -1,108 +1,31 @@
-"""``trainguard demo`` and ``trainguard local``: the local mode a new user starts with."""
+"""``trainguard demo`` and ``trainguard local``: the local mode a new user starts with.
+
+Both start a :class:`~trainguard.local.runtime.LocalCloud`, run training processes against it
+with a :class:`~trainguard.local.progress.Progress` view, and before the cloud goes keep
+every job under ``runs/`` (:mod:`trainguard.local.results`): its objects, final statuses,
+events and alerts, so ``trainguard status``, ``replay`` and ``report`` work afterwards.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_plus
 
+from trainguard.cli_errors import CommandError
+from trainguard.local import results
+from trainguard.local.progress import Progress
 from trainguard.local.runtime import DEMO_EMAIL, DEMO_PHONE, CustomAction, LocalCloud
 
-
-class Timeline:
-    """Prints what happens, as it happens: objects evaluated, status changes, alerts sent."""
-
-    def __init__(self, cloud: LocalCloud, quiet: bool = False) -> None:
-        self.cloud = cloud
-        self.quiet = quiet
-        self.t0 = time.monotonic()
-        self._lock = threading.Lock()
-        self._sent_seen = 0
-        self._stop = threading.Event()
-        cloud.on_invoke.append(self._invoked)
-        cloud.on_event.append(self._event)
-        self._thread = threading.Thread(target=self._watch_sns, daemon=True)
-        self._thread.start()
-
-    def say(self, text: str, always: bool = False) -> None:
-        if self.quiet and not always:
-            return
-        with self._lock:
-            print(f"[{time.monotonic() - self.t0:7.2f}s] {text}", flush=True)
-
-    def _invoked(self, fid: str, event: dict[str, Any], result: Any, seconds: float) -> None:
-        if fid != "evaluate":
-            self.say(f"λ {fid}: {json.dumps(result)[:160]} ({seconds * 1000:.0f} ms)")
-            return
-        keys = []
-        for record in event.get("Records", []):
-            try:
-                for s3 in json.loads(record["body"]).get("Records", []):
-                    keys.append(unquote_plus(s3["s3"]["object"]["key"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-        steps = [k.split("/steps/")[1][:12].lstrip("0") or "0" for k in keys if "/steps/" in k]
-        other = [k.split("/", 2)[-1] for k in keys if "/steps/" not in k]
-        parts = []
-        if steps:
-            parts.append(
-                f"step{'s' if len(steps) > 1 else ''} {', '.join(steps[:6])}{' …' if len(steps) > 6 else ''}"
-            )
-        parts += other
-        self.say(f"λ evaluate: {'; '.join(parts)} ({seconds * 1000:.0f} ms)")
-
-    def _event(self, event: dict[str, Any]) -> None:
-        d = event["detail"]
-        if "RuleName" not in d:  # the job-level event: every step evaluated, the job ended
-            self.say(
-                f"● {d['TrainingJobName']}: evaluation finished ({d['TrainingJobStatus']}, "
-                f"{d['StepsEvaluated']} steps)",
-                always=True,
-            )
-            return
-        at = f" at step {d['Step']}" if d.get("Step") is not None else ""
-        self.say(
-            f"● {d['TrainingJobName']} / {d['RuleConfigurationName']}: "
-            f"{d.get('PreviousStatus') or '—'} → {d['RuleEvaluationStatus']}{at}",
-            always=d["RuleEvaluationStatus"] in ("IssuesFound", "Error"),
-        )
-
-    def _watch_sns(self) -> None:
-        while not self._stop.wait(0.1):
-            try:
-                sent = self.cloud.sent_notifications()
-            except Exception:  # noqa: S112 - the cloud is shutting down; try again next tick
-                continue
-            for note in sent[self._sent_seen :]:
-                self._sent_seen += 1
-                lines = [
-                    f"✉ SNS → email {'(delivered)' if 'Email' in note['channels'] else '(filtered out)'}: "
-                    f"{note['subject']}"
-                ]
-                lines += ["    │ " + line for line in (note["email"] or "").splitlines()]
-                lines.append(
-                    f"✆ SNS → SMS {'(delivered)' if 'SMS' in note['channels'] else '(filtered out)'}: "
-                    f"{note['sms']}"
-                )
-                self.say("\n".join(lines), always=True)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
-def _run_training(cmd: list[str], env: dict[str, str], timeline: Timeline, label: str) -> int:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        timeline.say(f"{label} │ {line.rstrip()}", always=True)
-    return proc.wait()
+#: a safety net only: the pipeline normally drains within seconds of the job's last write
+SETTLE_TIMEOUT_S = 300.0
+#: the demo's slow-loader job: 100 TRAIN steps of warm-up for StepOutlier, then its stalls
+SLOW_LOADER_STEPS = 280
+TORCH_HINT = "the process imports PyTorch first: seconds, more on a busy machine"
 
 
 def _job_env(cloud: LocalCloud, job: str) -> dict[str, str]:
@@ -115,42 +38,199 @@ def _job_env(cloud: LocalCloud, job: str) -> dict[str, str]:
     return env
 
 
-def _state(cloud: LocalCloud, job: str) -> Any:
+def _state_loader(cloud: LocalCloud) -> Callable[[str], Any]:
     from trainguard.service.clients import client
     from trainguard.service.state_store import StateStore
 
     assert cloud.resources is not None
-    loaded = StateStore(cloud.resources.table, client("dynamodb")).load_state(job)
-    return loaded[0] if loaded else None
+    store = StateStore(cloud.resources.table, client("dynamodb"))
+
+    def load(job: str) -> Any:
+        loaded = store.load_state(job)
+        return loaded[0] if loaded else None
+
+    return load
 
 
-def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) -> int:
-    from trainguard.cli import print_status
-    from trainguard.service.clients import client
-    from trainguard.service.state_store import StateStore
+class LocalRun:
+    """One ``trainguard local``/``demo`` session: the cloud, the live view, what is kept."""
 
-    print("trainguard demo: the deployed topology on a local moto server, the real hook and handlers\n")
-    with LocalCloud(name="trainguard-demo") as cloud:
+    def __init__(
+        self,
+        cloud: LocalCloud,
+        runs: Path,
+        command: str,
+        *,
+        quiet: bool = False,
+        verbose: bool = False,
+    ) -> None:
         assert cloud.resources is not None
+        self.cloud = cloud
+        self.runs = runs
+        self.load_state = _state_loader(cloud)
         res = cloud.resources
-        print(f"moto server      {res.endpoint}")
-        print(
-            f"bucket           s3://{res.bucket}/jobs/  → SQS {res.queues['ingest'].rsplit('/', 1)[-1]} (DLQ)"
+        self.session = results.Session(
+            runs=runs,
+            command=command,
+            pid=os.getpid(),
+            started=time.time(),
+            endpoint=res.endpoint,
+            table=res.table,
+            bucket=res.bucket,
         )
-        print(f"state table      {res.table}")
-        print(f"event bus        {res.bus}: rules {', '.join(res.targets)}")
-        print(f"alerts topic     {res.topic_arn.rsplit(':', 1)[-1]}: email {DEMO_EMAIL}, SMS {DEMO_PHONE}\n")
-        timeline = Timeline(cloud, quiet=quiet)
-        outcome: dict[str, Any] = {}
+        self.session.save()  # `trainguard status` finds the live table through it
+        self.progress = Progress(cloud, self.load_state, quiet=quiet, verbose=verbose)
+        self.kept: list[results.KeptJob] = []
+
+    def run_job(self, cmd: list[str], job: str, label: str, starting_hint: str = "") -> int:
+        """Run one training process to its end, then wait until its objects are evaluated."""
+        if job not in self.session.jobs:
+            self.session.jobs.append(job)
+            self.session.save()
+        self.progress.job_started(job, label, starting_hint)
         try:
-            jobs = [(f"demo-{fault}", fault, steps), ("demo-slow-loader", "slow-loader", 200)]
-            jobs.append(("demo-clean-twin", "none", steps))
-            for job, job_fault, job_steps in jobs:
-                timeline.say(
-                    f"━━ job {job}: "
-                    + (f"fault {job_fault}" if job_fault != "none" else "no fault (the clean twin)"),
-                    always=True,
-                )
+            proc = subprocess.Popen(
+                cmd,
+                env=_job_env(self.cloud, job),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        except OSError as exc:
+            raise CommandError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                self.progress.job_output(job, line)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        finally:
+            self.progress.job_ended(job)
+        if code != 0:
+            self.progress.say(f"{label} │ (the process exited with code {code})", always=True)
+        if not self.cloud.wait_idle(SETTLE_TIMEOUT_S, settle=1.0):
+            self.progress.say(
+                f"warning: the local queues did not drain within {SETTLE_TIMEOUT_S:.0f} s; "
+                "the statuses below may not be final",
+                always=True,
+            )
+        return code
+
+    def close(self) -> None:
+        """Stop the view and keep every job on disk (also after Ctrl-C or a failure)."""
+        self.progress.close()
+        assert self.cloud.resources is not None
+        from trainguard.service.clients import client
+
+        try:
+            self.kept = results.keep_jobs(
+                client("s3"),
+                self.cloud.resources.bucket,
+                self.runs,
+                self.load_state,
+                events=list(self.cloud.events),
+                alerts=list(self.progress.alerts),
+            )
+        finally:
+            self.session.finished = time.time()
+            for job in (k.job for k in self.kept):
+                if job not in self.session.jobs:
+                    self.session.jobs.append(job)
+            self.session.dead_letters = _dead_letters(self.cloud)
+            self.session.errors = list(self.cloud.errors)
+            self.session.save()
+
+    def print_kept(self) -> None:
+        """Where everything is."""
+        from trainguard.cli import print_jobs
+
+        print()
+        print_jobs([results.job_entry(k.state) for k in self.kept if k.state is not None])
+        if not self.kept:
+            print(f"\nnothing was written to s3://{self.session.bucket}/jobs/, so nothing was kept")
+            return
+        print(f"\nkept in {self.runs}/ (the local cloud is gone; these stay):")
+        order = {job: i for i, job in enumerate(self.session.jobs)}
+        for k in sorted(self.kept, key=lambda k: order.get(k.job, len(order))):
+            state = k.state
+            events = sum(1 for e in self.cloud.events if e.get("detail", {}).get("TrainingJobName") == k.job)
+            alerts = sum(1 for job, _ in self.progress.alerts if job == k.job)
+            print(f"  {k.folder}/  {k.objects} objects: the job folder, as in S3")
+            if k.report is not None:
+                print(f"  {k.report}  the profiler report")
+            print(
+                f"  {k.status_file}  final statuses, {events} event{'s' * (events != 1)}, "
+                f"{alerts} alert{'s' * (alerts != 1)}"
+            )
+            if k.skipped:
+                print(f"    {len(k.skipped)} objects not kept: {k.skipped[0]}")
+            if state is not None and not state.finished:
+                print(f"    {k.job}: its evaluation had not finished (no end marker from every worker)")
+        example = max(self.kept, key=lambda k: order.get(k.job, -1)).folder
+        print(
+            f"\nnext: trainguard status · trainguard replay {example} · trainguard report {example}"
+            f"\n      (the session: {results.results_dir(self.runs) / results.SESSION})"
+        )
+        if self.session.dead_letters:
+            print(f"\n{len(self.session.dead_letters)} objects went to the dead-letter queue:")
+            for reason in self.session.dead_letters[:10]:
+                print(f"  {reason}")
+        if self.cloud.errors:
+            print("\nerrors seen by the local runtime:", *self.cloud.errors[:10], sep="\n  ")
+
+
+def _dead_letters(cloud: LocalCloud) -> list[str]:
+    reasons = []
+    for message in cloud.dlq_messages("ingest"):
+        attribute = message.get("MessageAttributes", {}).get("reason", {})
+        reasons.append(str(attribute.get("StringValue", "no reason given")))
+    return reasons
+
+
+def _print_resources(cloud: LocalCloud, runs: Path) -> None:
+    res = cloud.resources
+    assert res is not None
+    print(f"moto server      {res.endpoint}")
+    print(f"bucket           s3://{res.bucket}/jobs/  → SQS {res.queues['ingest'].rsplit('/', 1)[-1]} (DLQ)")
+    print(f"state table      {res.table}  (`trainguard status` reads it while this runs)")
+    print(f"event bus        {res.bus}: rules {', '.join(res.targets)}")
+    print(f"alerts topic     {res.topic_arn.rsplit(':', 1)[-1]}: email {DEMO_EMAIL}, SMS {DEMO_PHONE}")
+    print(f"kept afterwards  {runs}/<job>/ and {results.results_dir(runs)}/\n")
+
+
+def run_demo(
+    fault: str = "exploding",
+    steps: int = 120,
+    quiet: bool = False,
+    verbose: bool = False,
+    runs: Path = results.DEFAULT_RUNS,
+) -> int:
+    from trainguard.local.demo_job import FAULTS, clean_twin_steps
+
+    if fault not in FAULTS or fault in ("none", "slow-loader"):
+        choices = ", ".join(f for f in FAULTS if f not in ("none", "slow-loader"))
+        raise CommandError(f"unknown fault {fault!r}: choose one of {choices}")
+    jobs = [
+        (f"demo-{fault}", fault, steps, "fault " + fault),
+        ("demo-slow-loader", "slow-loader", SLOW_LOADER_STEPS, "fault slow-loader (profiling on)"),
+        ("demo-clean-twin", "none", clean_twin_steps(steps), "no fault (the clean twin)"),
+    ]
+    for job, *_ in jobs:
+        results.check_runs_folder(runs, job)
+    print("trainguard demo: the deployed topology on a local moto server, the real hook and handlers\n")
+    outcome: dict[str, Any] = {}
+    with LocalCloud(name="trainguard-demo") as cloud:
+        _print_resources(cloud, runs)
+        run = LocalRun(cloud, runs, "demo", quiet=quiet, verbose=verbose)
+        try:
+            for job, job_fault, job_steps, what in jobs:
+                run.progress.say(f"━━ job {job}: {what}", always=True)
                 cmd = [
                     sys.executable,
                     "-m",
@@ -160,91 +240,94 @@ def run_demo(fault: str = "exploding", steps: int = 120, quiet: bool = False) ->
                     "--steps",
                     str(job_steps),
                 ]
-                code = _run_training(cmd, _job_env(cloud, job), timeline, "train")
-                if not cloud.wait_idle(60):
-                    timeline.say("warning: queues did not drain within 60 s", always=True)
-                outcome[job] = (code, _state(cloud, job))
+                code = run.run_job(cmd, job, "train", TORCH_HINT)
+                outcome[job] = (code, run.load_state(job))
         finally:
-            timeline.close()
-        print()
-        print_status(StateStore(res.table, client("dynamodb")), None)
-        report = _download_report(res.bucket, "demo-slow-loader")
-        if report:
-            print(f"\nprofiler report of demo-slow-loader (written by the report function): {report}")
-        if cloud.errors:
-            print("\nerrors seen by the local runtime:", *cloud.errors[:10], sep="\n  ")
-    return _verdict(outcome, f"demo-{fault}")
+            run.close()
+            run.print_kept()
+    return _verdict(outcome, fault)
 
 
-def _download_report(bucket: str, job: str) -> str | None:
-    from trainguard.service.clients import client
+def _verdict(outcome: dict[str, Any], fault: str) -> int:
+    """Outcomes only (statuses, the stop, the exit code), never timings: what load cannot change."""
+    from trainguard.local.demo_job import FAULT_RULES, stops
 
-    try:
-        body = (
-            client("s3")
-            .get_object(Bucket=bucket, Key=f"jobs/{job}/report/profiler-report.html")["Body"]
-            .read()
-        )
-    except Exception:
-        return None
-    path = Path("runs") / f"{job}-profiler-report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(body)
-    return str(path.resolve())
-
-
-def _verdict(outcome: dict[str, Any], faulty: str) -> int:
     ok = True
+    faulty = f"demo-{fault}"
     code, state = outcome.get(faulty, (1, None))
-    if state is None or not any(r.status == "IssuesFound" for r in state.rules):
-        print(f"\n✗ {faulty}: no rule found the injected fault")
+    expected = FAULT_RULES[fault]
+    record = next((r for r in state.rules if r.name == expected), None) if state is not None else None
+    if record is None or record.status != "IssuesFound":
+        print(f"\n✗ {faulty}: {expected} did not find the injected fault ({_seen(record)})")
         ok = False
     else:
-        fired = next(r for r in state.rules if r.status == "IssuesFound")
         stopped = state.stopped or state.stop_requested
         print(
-            f"\n✓ {faulty}: {fired.name} found issues at step {fired.step}; "
-            f"{'the job was stopped' if stopped else 'the job was not stopped'}"
+            f"\n✓ {faulty}: {expected} found issues at step {record.step}; "
+            f"{'the job was stopped' if stopped else 'the job was not stopped (its rule only alerts)'}"
         )
-        ok = ok and stopped and code == 0
+        if code != 0 or (stops(fault) and not stopped):
+            print(f"✗ {faulty}: expected the job to be stopped and to exit cleanly (exit code {code})")
+            ok = False
     code, state = outcome.get("demo-slow-loader", (1, None))
-    outlier = state.rule("StepOutlier") if state is not None else None
+    outlier = next((r for r in state.rules if r.name == "StepOutlier"), None) if state is not None else None
     if outlier is None or outlier.status != "IssuesFound":
-        print("✗ demo-slow-loader: StepOutlier did not catch the stalled data loader")
+        print(f"✗ demo-slow-loader: StepOutlier did not catch the stalled data loader ({_seen(outlier)})")
         ok = False
     else:
         print(f"✓ demo-slow-loader: StepOutlier caught the stalled data loader at step {outlier.step}")
     code, state = outcome.get("demo-clean-twin", (1, None))
     if state is None or not state.finished or any(r.status != "NoIssuesFound" for r in state.rules):
-        print("✗ demo-clean-twin: expected every rule NoIssuesFound")
+        others = "" if state is None else ", ".join(f"{r.name} {r.status}" for r in state.rules)
+        print(f"✗ demo-clean-twin: expected every rule NoIssuesFound ({others or 'no state'})")
         ok = False
     else:
         print("✓ demo-clean-twin: every rule NoIssuesFound")
     return 0 if ok else 1
 
 
-def run_local(cmd: list[str], job: str | None = None, actions: list[dict[str, Any]] | None = None) -> int:
-    """Run the user's script against a local trainguard; print the timeline and final statuses."""
-    from trainguard.cli import print_status
-    from trainguard.service.clients import client
-    from trainguard.service.state_store import StateStore
+def _seen(record: Any) -> str:
+    if record is None:
+        return "the rule has no status"
+    return f"{record.status}: {record.details[:200]}" if record.details else record.status
 
-    job = job or Path(cmd[-1]).stem.replace("_", "-") if cmd else "local-job"
+
+def default_job_name(cmd: list[str]) -> str:
+    """The job's name from the command: the script's name (``train.py`` → ``train``)."""
+    from trainguard.format.layout import LayoutError, validate_job_name
+
+    script = next((a for a in cmd[1:] if a.endswith(".py")), None)
+    if script is None and len(cmd) > 2 and cmd[1] == "-m":
+        script = cmd[2].rsplit(".", 1)[-1]
+    name = Path(script).stem.replace("_", "-") if script else "local-job"
+    try:
+        return validate_job_name(name)
+    except LayoutError:
+        return "local-job"
+
+
+def run_local(
+    cmd: list[str],
+    job: str | None = None,
+    actions: list[dict[str, Any]] | None = None,
+    runs: Path = results.DEFAULT_RUNS,
+    verbose: bool = False,
+) -> int:
+    """Run the user's script against a local trainguard; keep its results under ``runs/``."""
+    job = job or default_job_name(cmd)
+    results.check_runs_folder(runs, job)
     custom = [CustomAction(a["name"], a["pattern"], a["handler"]) for a in actions or []]
     with LocalCloud(name="trainguard-local", custom_actions=custom) as cloud:
         assert cloud.resources is not None
         print(
             f"local trainguard on {cloud.resources.endpoint}; the job writes to "
-            f"s3://{cloud.resources.bucket}/jobs/{job} (TRAINGUARD_OUT_DIR)"
+            f"s3://{cloud.resources.bucket}/jobs/{job} (TRAINGUARD_OUT_DIR); "
+            f"kept afterwards under {runs}/"
         )
-        timeline = Timeline(cloud)
+        run = LocalRun(cloud, runs, "local", verbose=verbose)
         try:
-            code = _run_training(cmd, _job_env(cloud, job), timeline, "job")
-            cloud.wait_idle(60)
+            code = run.run_job(cmd, job, "job")
         finally:
-            timeline.close()
-        print()
-        print_status(StateStore(cloud.resources.table, client("dynamodb")), job)
-        if cloud.errors:
-            print("\nerrors seen by the local runtime:", *cloud.errors[:10], sep="\n  ")
+            run.close()
+            run.print_kept()
     return code

@@ -13,7 +13,6 @@ Public API::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -62,7 +61,10 @@ def write_html(
 
 
 def generate_report(
-    path_or_s3: str | os.PathLike[str], out_path: str | os.PathLike[str] | None = None, store: Any = None
+    path_or_s3: str | os.PathLike[str],
+    out_path: str | os.PathLike[str] | None = None,
+    store: Any = None,
+    rule_statuses: Any = None,
 ) -> str:
     """Build the report of a job folder and write it.
 
@@ -73,12 +75,15 @@ def generate_report(
     also gets the XGBoost report (CreateXgboostReport): ``report/xgboost-report.html`` under
     the job folder, or ``xgboost-report.html`` beside ``out_path``. A failure there is logged
     and does not affect the profiler report.
+
+    ``rule_statuses``: the service's final statuses of the job's rules (see
+    :func:`~trainguard.report.data.load_job_data`); without them the model rules are replayed.
     """
     from trainguard.hook.storage import open_store
 
     url = os.fspath(path_or_s3)
     store = store or open_store(url)
-    data = load_job_data(url, store=store)
+    data = load_job_data(url, store=store, rule_statuses=rule_statuses)
     where = write_html(store, url, REPORT, build_report(data).encode(), out_path)
     if has_xgboost_data(data.manifest, list(data.scalars)):
         xgb_out = None
@@ -96,17 +101,7 @@ def generate_report(
 
 
 def main_report(argv: Sequence[str] | None = None) -> int:
-    """``trainguard report <job folder or s3://...> [--out FILE]``."""
-    parser = argparse.ArgumentParser(
-        prog="trainguard report", description="Write a job's profiler report (HTML)."
-    )
-    parser.add_argument("job", help="job folder: a local directory or s3://bucket/prefix/<job>")
-    parser.add_argument("--out", help="write the HTML here instead of <job>/report/profiler-report.html")
-    args = parser.parse_args(argv)
-    try:
-        where = generate_report(args.job, args.out)
-    except Exception as exc:
-        print(f"trainguard report: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(where)
-    return 0
+    """``trainguard report <job folder or s3://...> [--out FILE]``, with the CLI's error contract."""
+    from trainguard.cli import main
+
+    return main(["report", *(sys.argv[1:] if argv is None else argv)])

@@ -1,12 +1,16 @@
 """The profiler report: one self-contained HTML page (inline CSS and SVG; no scripts, no assets).
 
 Sections, as in SageMaker's profiling report: job summary (initialisation, training loop,
-finalisation), rules summary (what fired, when, what to do), system usage per node
-(p50/p95/p99/min/max), CPU/GPU utilisation and memory over time, I/O and network, step
-durations (statistics, histogram, outliers), and training scalars over steps.
+finalisation), the model rules (what fired, at which step, what to do), the profiler rules
+summary (likewise), system usage per node (p50/p95/p99/min/max), CPU/GPU utilisation and
+memory over time, I/O and network, step durations (statistics, histogram, outliers), and
+training scalars over steps (clipped axes marked, the first non-finite value marked).
 
-The rules summary comes from running :class:`~trainguard.rules.profiler.ProfilerReport` over
-the batches, so the report and the service judge the same data the same way.
+The profiler rules summary comes from running :class:`~trainguard.rules.profiler.ProfilerReport`
+over the batches with the job's own parameters (its ProfilerReport and standalone profiler
+rules), so the report and the service judge the same data the same way; the model rules come
+from the engine's replay (:mod:`trainguard.report.data`). Each rule's description is written
+with the parameter values it ran with.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from typing import Any
 import numpy as np
 
 from trainguard.format.system import SystemBatch, SystemSample
-from trainguard.report.data import JobData
+from trainguard.report.data import JobData, ModelRuleResult
 from trainguard.report.svg import PALETTE, Series, histogram_plot, line_plot, phase_bar
-from trainguard.rules.profiler import RuleResult, evaluate_per_worker
+from trainguard.report.text import fill, ordinal
+from trainguard.rules.base import RuleConfig
+from trainguard.rules.profiler import ProfilerReport, RuleResult, evaluate_per_worker
+from trainguard.rules.profiler.profiler_report import SUB_RULES, ProfilerReportConfig
 from trainguard.rules.profiler.step_outlier import WARMUP_STEPS
 from trainguard.version import __version__
 
@@ -41,7 +48,8 @@ CSS = (
     "box-shadow:0 1px 2px rgba(0,0,0,.06)}"
     "table{border-collapse:collapse;width:100%;font-size:13px;margin:6px 0}"
     "th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e6e8ec;vertical-align:top}"
-    "th{background:#f0f2f5} td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    "th{background:#f0f2f5} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}"
+    "td.nowrap{white-space:nowrap}"
     ".ok{color:#1a7f37;font-weight:600} .issue{color:#c62828;font-weight:600} .na{color:#6b7280}"
     ".err{color:#b45309;font-weight:600} .cards{display:flex;gap:12px;flex-wrap:wrap}"
     ".card{flex:1;min-width:150px;background:#f0f4fa;border-radius:6px;padding:8px 12px}"
@@ -243,39 +251,148 @@ def _summary_section(data: JobData, tl: Timeline, batches: Sequence[SystemBatch]
     return "".join(parts)
 
 
-def _rules_section(results: list[RuleResult], t0: float | None) -> str:
-    fired = [r for r in results if r.status == "IssuesFound"]
-    parts = ['<section id="rules"><h2>Rules summary</h2>']
+def profiler_config(data: JobData) -> tuple[ProfilerReportConfig, str | None]:
+    """The job's profiler parameters: its ProfilerReport's, and those of profiler rules it
+    configured on their own (``StepOutlier`` with ``n_outliers=5`` judges with 5 here too)."""
+    rules = data.manifest.rules if data.manifest is not None else None
+    if not rules:
+        return ProfilerReportConfig(), None
+    from trainguard.rules.config import parse_rule_configurations
+
+    names = {cls.name for cls in SUB_RULES}
+    params: dict[str, str] = {}
+    for configured in parse_rule_configurations(rules):
+        if configured.rule_name == ProfilerReport.name:
+            params.update(configured.parameters)
+        elif configured.rule_name in names:
+            params.update({f"{configured.rule_name}_{k}": v for k, v in configured.parameters.items()})
+    try:
+        return ProfilerReportConfig.model_validate(params), None
+    except ValueError as exc:
+        first = str(exc).splitlines()[:3]
+        return (
+            ProfilerReportConfig(),
+            f"the job's profiler parameters are invalid ({' '.join(first)}); defaults used",
+        )
+
+
+def _when(
+    step: int | None, mode: str | None, mode_step: int | None, at: float | None, t0: float | None
+) -> str:
+    if step is None:
+        return "—"
+    text = f"step {step}"
+    if mode is not None and mode_step is not None:
+        text += f"<br><span class='small'>{escape(mode)} step {mode_step}</span>"
+    if at is not None and t0 is not None:
+        text += f"<br><span class='small'>after {_duration(max(0.0, at - t0))}</span>"
+    return text
+
+
+def _model_rules_section(data: JobData, t0: float | None) -> str:
+    rows = data.model_rules
+    parts = ['<section id="model-rules"><h2>Model rules</h2>']
+    if rows is None:
+        parts.append(
+            "<p class='na'>The job's model rules were not evaluated for this report (see Data notes).</p>"
+            "</section>"
+        )
+        return "".join(parts)
+    if not rows:
+        parts.append("<p class='na'>The job configured no model rules.</p></section>")
+        return "".join(parts)
+    fired = [r for r in rows if r.status == "IssuesFound"]
     parts.append(
-        f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues. "
-        "Evaluated like the trainguard service does: each worker's system batches in order, one state "
-        "per worker; a rule found issues if it did for any worker.</p>"
+        f"<p class='meta'>{len(fired)} of {len(rows)} model rules found issues. Evaluated with the job's "
+        "own rule configuration over its step objects, with the code the service runs "
+        "(<code>trainguard replay</code>); steps are global steps (EVAL passes advance them too).</p>"
+    )
+    parts.append(
+        "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
+    )
+    order = {"IssuesFound": 0, "Error": 1, "Stopped": 2, "InProgress": 3, "NoIssuesFound": 4}
+    for r in sorted(rows, key=lambda r: (order.get(r.status, 5), r.name)):
+        parts.append(_model_row(r, t0))
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def _model_row(r: ModelRuleResult, t0: float | None) -> str:
+    label = r.name if r.name == r.rule else f"{r.name} ({r.rule})"
+    details = r.details
+    if details.startswith("RuleEvaluationConditionMet") and ". " in details:
+        details = details.split(". ", 1)[1]  # SageMaker's preamble repeats the name and the step
+    if r.status == "IssuesFound":
+        status, advice = "<span class='issue'>Issues found</span>", escape(r.advice or "—")
+    elif r.status == "Error":
+        status = "<span class='err'>Error</span>"
+        advice = "Fix the rule's configuration or the data named; the other rules go on."
+    elif r.status == "Stopped":
+        status, advice = "<span class='na'>Stopped</span>", "—"
+        details = f"{details} Checks: {r.summary}" if r.summary else details
+    elif r.status == "InProgress":
+        status, advice = "<span class='na'>In progress</span>", "—"
+        details = f"The job has not ended (no end marker from every worker). Checks: {r.summary}"
+    else:
+        status, advice = "<span class='ok'>No issues</span>", "—"
+    return (
+        f"<tr><td><b>{escape(label)}</b></td><td class='nowrap'>{status}</td>"
+        f"<td class='nowrap'>{_when(r.step, r.mode, r.mode_step, r.wall_time, t0)}</td>"
+        f"<td>{escape(details) or '—'}</td><td>{advice}</td></tr>"
+    )
+
+
+def _rules_section(
+    results: list[RuleResult],
+    t0: float | None,
+    configs: dict[str, RuleConfig] | None = None,
+    data_wait: float | None = None,
+) -> str:
+    fired = [r for r in results if r.status == "IssuesFound"]
+    parts = ['<section id="rules"><h2>Profiler rules</h2>']
+    parts.append(
+        f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues. Evaluated like the "
+        "trainguard service does, with the job's parameters: each worker's system batches in order, one "
+        "state per worker; a rule found issues if it did for any worker.</p>"
     )
     parts.append(
         "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
     )
     order = sorted(results, key=lambda r: (r.status != "IssuesFound", r.status != "Error", r.name))
     for r in order:
+        config = (configs or {}).get(r.name)
+        summary = fill(r.summary, config)
         if r.status == "IssuesFound" and r.finding is not None:
             status = "<span class='issue'>Issues found</span>"
-            when = f"step {r.finding.step}"
-            if r.finding.time is not None and t0 is not None:
-                when += f"<br><span class='small'>after {_duration(r.finding.time - t0)}</span>"
+            when = _when(r.finding.step, None, None, r.finding.time, t0)
             details = escape(r.finding.message)
             advice = escape(r.advice)
         elif r.status == "Error":
-            status, when, details, advice = "<span class='err'>Error</span>", "", escape(r.error or ""), ""
+            status, when = "<span class='err'>Error</span>", "—"
+            details = escape(r.error or "")
+            advice = "A bug in the rule or data it cannot read; the other rules went on."
         else:
             note = r.notes.get("note")
             status = "<span class='na'>Not applicable</span>" if note else "<span class='ok'>No issues</span>"
+            when, advice = "—", "—"
+            details = escape(note) if note else "Fires when: " + escape(summary) + "."
             if r.name == "OverallSystemUsage":  # never fires: its numbers are the usage tables below
                 status = "<span class='na'>Summary</span>"
-            when = ""
-            details = escape(note) if note else escape(r.summary)
-            advice = ""
+                details = escape(summary[:1].upper() + summary[1:]) + "; see the tables below."
+            elif r.name == "Dataloader" and note:
+                # its num_workers check could not run, but the data waits it measured are shown below
+                if data_wait is not None:
+                    details += escape(
+                        f". The data waits were measured: {data_wait:.1f}% of step time was spent "
+                        "waiting for data (Step durations)."
+                    )
+                advice = escape(
+                    "For the worker-count check, iterate a torch DataLoader through "
+                    "hook.timed_loader(loader): its num_workers is what this rule reads."
+                )
         parts.append(
-            f"<tr><td><b>{escape(r.name)}</b></td><td>{status}</td><td>{when}</td><td>{details}</td>"
-            f"<td>{advice}</td></tr>"
+            f"<tr><td><b>{escape(r.name)}</b></td><td class='nowrap'>{status}</td>"
+            f"<td class='nowrap'>{when}</td><td>{details}</td><td>{advice}</td></tr>"
         )
     parts.append("</table></section>")
     return "".join(parts)
@@ -293,7 +410,8 @@ def _usage_section(nodes: list[NodeSeries]) -> str:
             f"{len(node.gpu_util)} GPUs{' (absent: not measured)' if not node.gpu_util else ''}</p>"
         )
         parts.append(
-            "<table><tr><th>Metric</th><th>p50</th><th>p95</th><th>p99</th><th>min</th><th>max</th></tr>"
+            "<table><tr><th>Metric</th><th class='num'>p50</th><th class='num'>p95</th>"
+            "<th class='num'>p99</th><th class='num'>min</th><th class='num'>max</th></tr>"
         )
         rows: list[tuple[str, np.ndarray[Any, Any], str]] = [("CPU utilisation", node.cpu, "%")]
         for index, util in node.gpu_util.items():
@@ -387,9 +505,9 @@ def _steps_section(batches: Sequence[SystemBatch], t0: float) -> tuple[str, int]
         parts.append("<p class='na'>No step timings were recorded.</p></section>")
         return "".join(parts), 0
     parts.append(
-        "<table><tr><th>Mode</th><th>Steps (all workers)</th><th>mean</th><th>p50</th><th>p95</th>"
-        "<th>p99</th>"
-        "<th>max</th><th>Outliers (&gt; mean + 3·std)</th><th>Waiting for data</th></tr>"
+        "<table><tr><th>Mode</th><th class='num'>Steps (all workers)</th><th class='num'>mean</th>"
+        "<th class='num'>p50</th><th class='num'>p95</th><th class='num'>p99</th><th class='num'>max</th>"
+        "<th class='num'>Outliers (&gt; mean + 3·std)</th><th class='num'>Waiting for data</th></tr>"
     )
     plots = []
     for mode in ("TRAIN", "EVAL", "PREDICT", "GLOBAL"):
@@ -450,14 +568,14 @@ def _steps_section(batches: Sequence[SystemBatch], t0: float) -> tuple[str, int]
                 for e in outliers[:10]
             )
             plots.append(
-                f"<h3>{mode}: slowest outlier steps</h3><table><tr><th>Step</th><th>Worker</th>"
-                "<th>Duration</th>"
-                f"<th>Started after</th><th>Waited for data</th></tr>{rows}</table>"
+                f"<h3>{mode}: slowest outlier steps</h3><table><tr><th class='num'>Step</th>"
+                "<th class='num'>Worker</th><th class='num'>Duration</th><th class='num'>Started after</th>"
+                f"<th class='num'>Waited for data</th></tr>{rows}</table>"
             )
     parts.append("</table>")
     parts.append(
         f"<p class='small'>StepOutlier judges each step against the steps before it, from the "
-        f"{WARMUP_STEPS + 1}th on; the table above uses the whole job's mean and std.</p>"
+        f"{ordinal(WARMUP_STEPS + 1)} on; the table above uses the whole job's mean and std.</p>"
     )
     parts += plots
     parts.append("</section>")
@@ -476,31 +594,64 @@ def _scalars_section(scalars: dict[str, list[tuple[int, float]]]) -> str:
     bases = sorted(groups, key=lambda n: ("loss" not in n.lower(), n))
     for base in bases[:MAX_SCALAR_PLOTS]:
         lines, bad, sparse = [], 0, False
+        onset: tuple[int, float] | None = None  # the first non-finite value: (step, value)
         for k, name in enumerate(groups[base]):
             points = [(s, v) for s, v in scalars[name] if math.isfinite(v)]
             bad += len(scalars[name]) - len(points)
+            first_bad = next(((s, v) for s, v in scalars[name] if not math.isfinite(v)), None)
+            if first_bad is not None and (onset is None or first_bad[0] < onset[0]):
+                onset = first_bad
             sparse = sparse or len(points) < 60
             lines.append(
                 Series(name, [p[0] for p in points], [p[1] for p in points], PALETTE[k % len(PALETTE)])
             )
         title = base + (f" ({bad} non-finite values not drawn)" if bad else "")
-        parts.append(line_plot(lines, title=title, x_label="step", height=220, step_lines=sparse))
+        markers = [] if onset is None else [(float(onset[0]), f"{onset[1]} from step {onset[0]}")]
+        last_step = max((s for name in groups[base] for s, _ in scalars[name]), default=None)
+        parts.append(
+            line_plot(
+                lines,
+                title=title,
+                x_label="step",
+                height=220,
+                step_lines=sparse,
+                clip=True,
+                markers=markers,
+                x_max=None if last_step is None else float(last_step),
+                shade_from=None if onset is None else float(onset[0]),
+            )
+        )
     if len(bases) > MAX_SCALAR_PLOTS:
         parts.append(f"<p class='small'>{len(bases) - MAX_SCALAR_PLOTS} more scalars not shown.</p>")
     parts.append("</section>")
     return "".join(parts)
 
 
+def data_wait_share(batches: Sequence[SystemBatch]) -> float | None:
+    """Percent of step time (all modes) spent waiting for data; None without step timings."""
+    wait = sum(e.data_wait_s for b in batches for e in b.steps)
+    busy = wait + sum(e.end - e.start for b in batches for e in b.steps)
+    return 100.0 * wait / busy if busy > 0 else None
+
+
+def _job_start(data: JobData) -> float | None:
+    return data.manifest.created if data.manifest is not None else None
+
+
 def build_report(job_data: JobData, *, generated_at: float | None = None) -> str:
     """Render the profiler report for a job as one self-contained HTML document."""
     batches = ordered_batches(job_data.batches)
-    results = evaluate_per_worker(batches)
+    config, config_note = profiler_config(job_data)
+    results = evaluate_per_worker(batches, config)
+    configs: dict[str, RuleConfig] = {n: r.config for n, r in ProfilerReport(config).rules.items()}
     tl = timeline(batches)
     t0 = tl.start if tl.start is not None else 0.0
     nodes = node_series(batches, t0)
     steps_html, step_count = _steps_section(batches, t0)
     generated = _stamp(time.time() if generated_at is None else generated_at)
-    notes = "".join(f"<li>{escape(n)}</li>" for n in job_data.notes)
+    notes = "".join(
+        f"<li>{escape(n)}</li>" for n in [*job_data.notes, *([config_note] if config_note else [])]
+    )
     problems = "".join(f"<li>{escape(p)}</li>" for p in job_data.problems[:50])
     extra = ""
     if notes or problems:
@@ -516,7 +667,8 @@ def build_report(job_data: JobData, *, generated_at: float | None = None) -> str
         f"<div class='meta'>Generated {escape(generated)} by trainguard {escape(__version__)}"
         f"{' from ' + escape(job_data.source) if job_data.source else ''}</div>"
         + _summary_section(job_data, tl, batches, step_count)
-        + _rules_section(results, tl.start)
+        + _model_rules_section(job_data, tl.start if tl.start is not None else _job_start(job_data))
+        + _rules_section(results, tl.start, configs, data_wait_share(batches))
         + _usage_section(nodes)
         + _timeseries_section(nodes)
         + steps_html

@@ -4,6 +4,12 @@ No plotting library and no JavaScript: each function returns an ``<svg>`` elemen
 with axes, "nice" ticks and a legend, that renders the same in any browser or HTML viewer.
 Long series are reduced to at most :data:`MAX_POINTS` points per line, keeping each bucket's
 minimum and maximum so that spikes survive.
+
+A line plot can clip its y axis to the bulk of the data (``clip=True``): one diverged loss of
+2.6e7 would otherwise flatten every other value into a line at zero. What is clipped is never
+hidden: each clipped point is a red triangle on the plot's edge, and a note in the plot says
+how many values lie beyond the axis and the most extreme one. ``markers`` draw labelled
+vertical lines (e.g. the step where a loss first became non-finite).
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ def fmt_tick(value: float) -> str:
     if value == 0:
         return "0"
     a = abs(value)
+    if a >= 1e12:
+        return f"{value:.3g}".replace("e+", "e")
     if a >= 1e9:
         return f"{value / 1e9:g}G"
     if a >= 1e6:
@@ -94,6 +102,49 @@ def reduce_points(xs: Values, ys: Values, limit: int = MAX_POINTS) -> list[tuple
     return out
 
 
+#: clip when values lie this many interquartile ranges beyond the quartiles
+CLIP_FENCE_IQR = 20.0
+
+
+@dataclass(frozen=True)
+class Clip:
+    """The y range kept for the bulk of the values, and what fell outside it."""
+
+    lo: float | None
+    hi: float | None
+    below: int
+    above: int
+    min_value: float
+    max_value: float
+
+
+def robust_range(values: Sequence[float]) -> Clip | None:
+    """A y range without the far outliers, or None when nothing is far out.
+
+    Far out: beyond the quartiles by more than :data:`CLIP_FENCE_IQR` interquartile ranges
+    (the range floored at 1 % of the median's size, so flat data with one spike clips too).
+    The kept range ends at the most extreme value that is not far out.
+    """
+    ys = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    if ys.size < 4:
+        return None
+    q1, median, q3 = (float(v) for v in np.percentile(ys, [25, 50, 75]))
+    iqr = max(q3 - q1, 0.01 * abs(median), 1e-12)
+    low_fence, high_fence = q1 - CLIP_FENCE_IQR * iqr, q3 + CLIP_FENCE_IQR * iqr
+    inside = ys[(ys >= low_fence) & (ys <= high_fence)]
+    below, above = int((ys < low_fence).sum()), int((ys > high_fence).sum())
+    if (not below and not above) or inside.size == 0:
+        return None
+    return Clip(
+        lo=float(inside.min()) if below else None,
+        hi=float(inside.max()) if above else None,
+        below=below,
+        above=above,
+        min_value=float(ys.min()),
+        max_value=float(ys.max()),
+    )
+
+
 def _frame(width: int, height: int, title: str, body: list[str]) -> str:
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -115,13 +166,28 @@ def line_plot(
     y_max: float | None = None,
     x_min: float | None = None,
     step_lines: bool = False,
+    clip: bool = False,
+    markers: Sequence[tuple[float, str]] = (),
+    x_max: float | None = None,
+    shade_from: float | None = None,
 ) -> str:
-    """Lines on shared axes. ``y_min``/``y_max`` fix the range (e.g. 0..100 for percentages)."""
-    left, right, top, bottom = 64, 16, 28, 44
-    plot_w, plot_h = width - left - right, height - top - bottom
+    """Lines on shared axes. ``y_min``/``y_max`` fix the range (e.g. 0..100 for percentages).
+
+    ``clip``: fit the y axis to the bulk of the values and mark the rest (see the module
+    docstring). ``markers``: ``(x, label)`` vertical dashed lines. ``x_max``: extend the x axis
+    (e.g. to steps whose values cannot be drawn); ``shade_from``: tint the plot right of x.
+    """
+    widths = [26 + 6.5 * len(s.label[:40]) for s in series]
+    # the legend goes beside the title when both fit, else on a line of its own
+    title_w = 7.5 * len(title) + 24
+    legend_row = title_w + sum(widths) > width - 64 - 16
     reduced = [(s, reduce_points(s.xs, s.ys)) for s in series]
     all_x = [x for _, pts in reduced for x, _ in pts]
     all_y = [y for _, pts in reduced for _, y in pts]
+    clipped = robust_range(all_y) if clip else None
+    # a clip note gets a line of its own under the x axis
+    left, right, top, bottom = 64, 16, 44 if legend_row else 28, 58 if clipped is not None else 44
+    plot_w, plot_h = width - left - right, height - top - bottom
     body: list[str] = []
     if title:
         body.append(f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>')
@@ -131,11 +197,17 @@ def line_plot(
             "no data</text>"
         )
         return _frame(width, height, title, body)
-    x0, x1 = min(all_x) if x_min is None else x_min, max(all_x)
+    x0 = min(all_x) if x_min is None else x_min
+    x1 = max([*all_x, *(m for m, _ in markers), *([x_max] if x_max is not None else [])])
     if x1 <= x0:
         x1 = x0 + 1
     lo = min(all_y) if y_min is None else y_min
     hi = max(all_y) if y_max is None else y_max
+    if clipped is not None:
+        if clipped.lo is not None and y_min is None:
+            lo = clipped.lo
+        if clipped.hi is not None and y_max is None:
+            hi = clipped.hi
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
     y_ticks = nice_ticks(lo, hi)
@@ -175,7 +247,7 @@ def line_plot(
     )
     if x_label:
         body.append(
-            f'<text x="{left + plot_w / 2}" y="{height - 8}" font-size="11" text-anchor="middle">'
+            f'<text x="{left + plot_w / 2}" y="{top + plot_h + 30}" font-size="11" text-anchor="middle">'
             f"{escape(x_label)}</text>"
         )
     if y_label:
@@ -183,8 +255,27 @@ def line_plot(
             f'<text x="14" y="{top + plot_h / 2}" font-size="11" text-anchor="middle" '
             f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
         )
-    widths = [26 + 6.5 * len(s.label[:40]) for s in series]
-    legend_x = max(left + 200.0, left + plot_w - sum(widths))
+    legend_x = max(left + (0.0 if legend_row else title_w), left + plot_w - sum(widths))
+    legend_y = 26 if legend_row else 8
+    if shade_from is not None and x0 <= shade_from <= x1:
+        sx0 = sx(shade_from)
+        body.append(
+            f'<rect x="{sx0:.1f}" y="{top}" width="{max(0.0, left + plot_w - sx0):.1f}" height="{plot_h}" '
+            'fill="#d62728" fill-opacity="0.08"/>'
+        )
+    for x, label in markers:
+        if x0 <= x <= x1:
+            mx = sx(x)
+            body.append(
+                f'<line x1="{mx:.1f}" y1="{top}" x2="{mx:.1f}" y2="{top + plot_h}" stroke="#d62728" '
+                'stroke-width="1.5" stroke-dasharray="5 3"/>'
+            )
+            room = left + plot_w - mx > 6.5 * len(label) + 8  # right of the line, if it fits
+            anchor, dx = ("start", 4) if room else ("end", -4)
+            body.append(
+                f'<text x="{mx + dx:.1f}" y="{top + 24}" font-size="11" fill="#d62728" '
+                f'text-anchor="{anchor}">{escape(label)}</text>'
+            )
     for i, (s, pts) in enumerate(reduced):
         color = s.color or PALETTE[i % len(PALETTE)]
         if pts:
@@ -197,10 +288,43 @@ def line_plot(
                 path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
                 body.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.4" points="{path}"/>')
         label = escape(s.label[:40])
-        body.append(f'<rect x="{legend_x:.0f}" y="8" width="10" height="10" fill="{color}"/>')
-        body.append(f'<text x="{legend_x + 14:.0f}" y="17" font-size="11">{label}</text>')
+        body.append(f'<rect x="{legend_x:.0f}" y="{legend_y}" width="10" height="10" fill="{color}"/>')
+        body.append(f'<text x="{legend_x + 14:.0f}" y="{legend_y + 9}" font-size="11">{label}</text>')
         legend_x += widths[i]
+        if clipped is not None and pts:
+            body += _clip_marks(pts, sx, lo, hi, top, plot_h)
+    if clipped is not None:
+        notes = []
+        if clipped.above and clipped.hi is not None:
+            notes.append(
+                f"▲ {clipped.above} value{'s' if clipped.above > 1 else ''} above {fmt_tick(hi)} "
+                f"not to scale (max {fmt_tick(clipped.max_value)})"
+            )
+        if clipped.below and clipped.lo is not None:
+            notes.append(
+                f"▼ {clipped.below} value{'s' if clipped.below > 1 else ''} below {fmt_tick(lo)} "
+                f"not to scale (min {fmt_tick(clipped.min_value)})"
+            )
+        note = escape("; ".join(notes))
+        body.append(f'<text x="{left}" y="{height - 6}" font-size="11" fill="#d62728">{note}</text>')
     return _frame(width, height, title, body)
+
+
+def _clip_marks(
+    points: list[tuple[float, float]], sx: Any, lo: float, hi: float, top: float, plot_h: float
+) -> list[str]:
+    """Red triangles on the edge where a point lies beyond the clipped axis."""
+    marks = []
+    for x, y in points:
+        if y > hi:
+            px, py = sx(x), top + 1
+            marks.append(f"{px - 4:.1f},{py + 7:.1f} {px + 4:.1f},{py + 7:.1f} {px:.1f},{py:.1f}")
+        elif y < lo:
+            px, py = sx(x), top + plot_h - 1
+            marks.append(f"{px - 4:.1f},{py - 7:.1f} {px + 4:.1f},{py - 7:.1f} {px:.1f},{py:.1f}")
+        if len(marks) >= 400:
+            break
+    return [f'<polygon points="{m}" fill="#d62728"><title>not to scale</title></polygon>' for m in marks]
 
 
 def histogram_plot(

@@ -15,9 +15,7 @@ class TensorVarianceConfig(RuleConfig):
     min_threshold: NonNegative | None = None
 
     @model_validator(mode="after")
-    def _some_threshold(self) -> TensorVarianceConfig:
-        if self.max_threshold is None and self.min_threshold is None:
-            raise ValueError("set max_threshold, min_threshold or both")
+    def _ordered_thresholds(self) -> TensorVarianceConfig:
         if (
             self.max_threshold is not None
             and self.min_threshold is not None
@@ -35,9 +33,10 @@ class TensorVariance(Rule[TensorVarianceConfig, TensorVarianceState]):
     """Fires when ``std**2`` of a selected tensor is > ``max_threshold`` or < ``min_threshold``.
 
     Reads the ``std`` statistic (population variance) of tensors in ``collection_names`` or
-    matching ``tensor_regex`` (neither: every tensor). Choices: at least one threshold must be
-    set (otherwise the rule could never fire: a configuration error); tensors with fewer than
-    two elements or a non-finite std are skipped.
+    matching ``tensor_regex`` (neither: every tensor). Choices: with neither threshold (the
+    SageMaker defaults, which the SDK sends as they are) the rule is accepted and cannot fire,
+    and its configuration carries a note saying so; tensors with fewer than two elements or
+    a non-finite std are skipped.
     """
 
     name = "TensorVariance"

@@ -1,4 +1,10 @@
-"""Alert texts: a readable email and a one-message SMS, from a rule-status event."""
+"""Alert texts: a readable email and a one-message SMS, from a rule-status event.
+
+Only what the event knows is written, and all of it: the step as the global step and, when
+the event carries it, the loop's own step of that mode (EVAL passes advance the global step,
+so "TRAIN step 62" is what the training loop printed); the measured value even when it is
+not a finite number (``ValueText``: "inf", "nan"), with the threshold when there is one.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +37,20 @@ def _advice(rule_name: str) -> str:
     )
 
 
+def step_text(detail: RuleStatusDetail) -> str:
+    """``64 (global step; TRAIN step 62)``, or ``64 (global step)`` when the mode is not known."""
+    if detail.Mode is not None and detail.ModeStep is not None:
+        return f"{detail.Step} (global step; {detail.Mode} step {detail.ModeStep})"
+    return f"{detail.Step} (global step)"
+
+
+def measured_text(detail: RuleStatusDetail) -> str | None:
+    """The measured value: the number, or its text when it was not finite; None if not measured."""
+    if detail.Value is not None:
+        return fmt(detail.Value)
+    return detail.ValueText
+
+
 def render(detail: RuleStatusDetail) -> Alert:
     """The alert texts. Every name and detail comes from the job: control characters and
     terminal escapes are shown escaped (``trainguard.text.printable``), never sent raw."""
@@ -47,11 +67,15 @@ def render(detail: RuleStatusDetail) -> Alert:
         f"Time:          {when}",
     ]
     if detail.Step is not None:
-        lines.append(f"Step:          {detail.Step}")
+        lines.append(f"Step:          {step_text(detail)}")
     if detail.Tensor:
         lines.append(f"Tensor:        {detail.Tensor}")
-    if detail.Value is not None or detail.Threshold is not None:
-        lines.append(f"Measured:      {fmt(detail.Value)} (threshold {fmt(detail.Threshold)})")
+    measured = measured_text(detail)
+    if measured is not None:
+        threshold = f" (threshold {fmt(detail.Threshold)})" if detail.Threshold is not None else ""
+        lines.append(f"Measured:      {measured}{threshold}")
+    elif detail.Threshold is not None:
+        lines.append(f"Threshold:     {fmt(detail.Threshold)}")
     lines += ["", detail.StatusDetails, ""]
     if status == "Error":
         lines.append("What to do: fix the rule configuration or the data named above; the other rules go on.")
@@ -64,11 +88,11 @@ def render(detail: RuleStatusDetail) -> Alert:
         f"  - {e.RuleConfigurationName}: {e.RuleEvaluationStatus}" for e in detail.DebugRuleEvaluationStatuses
     ]
     at = f" step {detail.Step}" if detail.Step is not None else ""
-    value = (
-        f" {fmt(detail.Value)}>{fmt(detail.Threshold)}"
-        if detail.Value is not None and detail.Threshold is not None
-        else ""
-    )
+    if detail.Step is not None and detail.Mode is not None and detail.ModeStep is not None:
+        at += f" ({detail.Mode} {detail.ModeStep})"
+    value = ""
+    if measured is not None:
+        value = f" {measured}" + (f">{fmt(detail.Threshold)}" if detail.Threshold is not None else "")
     sms = f"trainguard {job}: {rule} {status}{at}{value}"
     if len(sms) > SMS_MAX_CHARS:
         sms = sms[: SMS_MAX_CHARS - 3] + "..."
@@ -88,6 +112,7 @@ def _printable(detail: RuleStatusDetail) -> RuleStatusDetail:
             "Tensor": printable(detail.Tensor) if detail.Tensor is not None else None,
             "StatusDetails": printable(detail.StatusDetails),
             "EventId": printable(detail.EventId),
+            "ValueText": printable(detail.ValueText) if detail.ValueText is not None else None,
             "DebugRuleEvaluationStatuses": entries,
         }
     )
