@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trainguard.engine.evaluator import (
     Outcome,
@@ -116,6 +116,7 @@ DEFAULT_STALE_AFTER_S = 7 * 24 * 3600.0
 MAX_SHEDS = 64
 
 Mutation = Callable[[JobState, Loaded], Outcome]
+T = TypeVar("T")
 
 
 def _unchanged(state: JobState, loaded: Loaded) -> Outcome:
@@ -136,6 +137,14 @@ class Result:
     error: str | None = None
     #: the time budget ran out with work left (the next invocation or tick goes on)
     unfinished: bool = False
+
+
+def _parsed(parse: Callable[[bytes], T], raw: bytes) -> T:
+    """A document parsed, or a PermanentError with the parser's reason (never a retry)."""
+    try:
+        return parse(raw)
+    except ObjectError as exc:
+        raise PermanentError(str(exc)) from None
 
 
 def last_activity(state: JobState, loaded: Loaded) -> float | None:
@@ -237,13 +246,13 @@ class JobPipeline:
                 raise PermanentError(arrival.bad)
             return ref.job
         if ref.kind is ObjectKind.MANIFEST:
-            manifest = read_manifest(self._document(key))
+            manifest = _parsed(read_manifest, self._document(key))
             if manifest.job != ref.job:
                 raise PermanentError(f"manifest names job {manifest.job!r} but lies under {ref.job!r}")
             self._update(ref.job, lambda s, _: apply_manifest(s, manifest, self.clock()))
             return None
         if ref.kind is ObjectKind.END:
-            marker = read_end(self._document(key))
+            marker = _parsed(read_end, self._document(key))
             if (marker.job, marker.worker) != (ref.job, ref.worker):
                 raise PermanentError(
                     f"end marker for {marker.job!r}/{marker.worker} lies under {ref.job!r}/{ref.worker}"
