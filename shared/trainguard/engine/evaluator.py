@@ -518,6 +518,7 @@ class _StepChain(_Chain):
         self.state.frontier[self.worker] = step
         self.out.consumed.append((step, self.worker))
         if arrival.bad is not None:
+            self._unreadable(arrival.bad)  # said once (the ingest may have said it already)
             return None
         if arrival.header is not None:
             return arrival.header
@@ -561,6 +562,7 @@ class _SegmentChain(_Chain):
     def _open(self, arrival: SegmentArrival) -> None:
         self.opened, self.header, self.index = arrival, None, 0
         if arrival.bad is not None:
+            self._unreadable(arrival.bad)  # said once (the ingest may have said it already)
             return
         header = arrival.header
         if header is None:

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.engine.model import JobState, SegmentArrival, StepArrival, SystemArrival
+from trainguard.format import stepfile
 from trainguard.format.documents import StepHeader
 from trainguard.format.layout import step_key
-from trainguard.format.system import SystemBatch
+from trainguard.format.system import MAX_SYSTEM_BYTES, SystemBatch
 from trainguard.wiring import TABLE
 
 STATE_SK = "STATE"
@@ -400,7 +401,8 @@ def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
         # buffered by an earlier trainguard: the header itself (zlib JSON), not a pointer
         prev = int(item["prev"]["N"]) if "prev" in item else None
         try:
-            raw = zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
+            # a zlib bomb stops at the largest header the format allows
+            raw = zlib.decompressobj().decompress(item["hdr"]["B"], stepfile.MAX_HEADER_BYTES + 1)
             header = StepHeader.model_validate_json(raw)
         except (zlib.error, ValueError) as exc:
             reason = f"{step_key(int(step), int(worker))}: buffered header unreadable: {exc}"[
@@ -435,9 +437,12 @@ def _segment_arrival(sk: str, item: dict[str, Any]) -> SegmentArrival:
 def _system_arrival(sk: str, item: dict[str, Any]) -> SystemArrival:
     _, worker, seq = sk.split("#")
     batch = None
+    bad = item["bad"]["S"] if "bad" in item else None
     if "batch" in item:
-        raw = zlib.decompressobj().decompress(item["batch"]["B"], 64 * 1024 * 1024)
-        batch = SystemBatch.model_validate_json(raw)
-    return SystemArrival(
-        int(worker), int(seq), batch, item["bad"]["S"] if "bad" in item else None, at=_at(item)
-    )
+        try:
+            raw = zlib.decompressobj().decompress(item["batch"]["B"], MAX_SYSTEM_BYTES + 1)
+            batch = SystemBatch.model_validate_json(raw)
+        except (zlib.error, ValueError) as exc:  # never a stuck job: the batch keeps its place
+            bad = f"system/worker-{int(worker):05d}/{int(seq):012d}.json: buffered batch unreadable: {exc}"
+            bad = bad[:MAX_REASON_CHARS]
+    return SystemArrival(int(worker), int(seq), batch, bad, at=_at(item))
