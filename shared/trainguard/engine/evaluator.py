@@ -636,6 +636,9 @@ def _advance_system(
             state.system_frontier[worker] = seq
             out.consumed_system.append((worker, seq))
             out.changed = True
+            if arrival.batch is not None:  # the monitor's own drops count like the hook's (once per seq)
+                drops = {"system_samples": arrival.batch.dropped_samples}
+                state.add_dropped({**drops, "system_events": arrival.batch.dropped_events})
             if arrival.batch is None or worker >= MAX_PROFILED_WORKERS:
                 continue
             for record in state.rules:
