@@ -10,6 +10,9 @@ from urllib.parse import quote_plus
 
 import pytest
 from trainguard.rules import plugins
+from trainguard.service.pipeline import JobPipeline
+from trainguard.service.publisher import Publisher
+from trainguard.service.state_store import StateStore
 
 #: a custom rule module whose rule never returns from ``update`` (a stuck rule, whatever the
 #: cause: a user's own code, a regex, a slow dependency); ``time.sleep`` is interrupted by a signal
@@ -86,3 +89,25 @@ def dlq_messages(aws: Any, url: str) -> list[dict[str, Any]]:
         for message in got:
             out.append(message)
             aws.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+class Clock:
+    """A wall clock the test moves (``clock.now += 3600``)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def clocked_pipeline(aws: Any, clock: Clock, **options: Any) -> JobPipeline:
+    """A ``JobPipeline`` on the moto resources of ``aws``, on ``clock`` (options: budgets, stale_after_s)."""
+    return JobPipeline(
+        StateStore(aws.table, aws.ddb),
+        aws.s3,
+        Publisher(aws.events, aws.bus),
+        bucket=aws.bucket,
+        clock=clock,
+        **options,
+    )

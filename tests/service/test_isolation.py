@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from service_env import HANGS, dlq_messages, notification, use_hanging_rule
+from service_env import HANGS, Clock, clocked_pipeline, dlq_messages, notification, use_hanging_rule
 from trainguard.local.synthetic import SyntheticJob
 from trainguard.service import evaluate
 from trainguard.service.budget import Deadline, JobTimeBudgetExceeded, time_budget
 from trainguard.service.pipeline import MAX_JOBS_PER_TICK, JobPipeline
-from trainguard.service.publisher import Publisher
-from trainguard.service.state_store import StateStore, pk
+from trainguard.service.state_store import pk
 
 STALL = [
     {
@@ -27,23 +26,8 @@ STALL = [
 ]
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pipeline(aws, clock: Clock, budget: float = 2.0) -> JobPipeline:
-    return JobPipeline(
-        StateStore(aws.table, aws.ddb),
-        aws.s3,
-        Publisher(aws.events, aws.bus),
-        bucket=aws.bucket,
-        clock=clock,
-        job_budget_s=budget,
-    )
+    return clocked_pipeline(aws, clock, job_budget_s=budget)
 
 
 def start(aws, service: JobPipeline, job: SyntheticJob) -> None:
@@ -75,13 +59,13 @@ def test_a_job_that_fails_on_the_tick_does_not_stop_the_others(aws):
 def test_a_job_stuck_on_the_tick_is_cut_off_and_the_next_job_is_judged(aws, tmp_path, monkeypatch):
     use_hanging_rule(tmp_path, monkeypatch)
     clock = Clock(time.time())
-    service = pipeline(aws, clock, budget=0.5)
+    service = pipeline(aws, clock)  # 2 s: ample for the healthy job on a loaded machine
     start(aws, service, SyntheticJob("a-hangs", steps=[], rules=HANGS, ended=False))
     start(aws, service, SyntheticJob("b-stalls", steps=[0, 1], rules=STALL, ended=False))
     clock.now += 3600
     began = time.monotonic()
     results = {r.job: r for r in service.tick()}
-    assert time.monotonic() - began < 30  # a safety net: the hang is cut at ~2 s
+    assert time.monotonic() - began < 30  # a safety net: the hang is cut at ~2-4 s
     assert results["a-hangs"].error is not None and "time budget" in results["a-hangs"].error
     state, _ = service.store.load_state("b-stalls")
     assert state.rule("stall").status == "IssuesFound"
@@ -118,7 +102,7 @@ def test_a_batch_fails_only_the_records_of_the_job_that_hangs(aws, functions, tm
     """Two jobs in one SQS batch: one's rule never returns; the other is judged, and only the
     hanging job's records are reported as failures (SQS redelivers them, not the others)."""
     use_hanging_rule(tmp_path, monkeypatch)
-    evaluate.service().job_budget_s = 0.5
+    evaluate.service().job_budget_s = 2.0  # ample for healthy work under load
     fine = SyntheticJob("fine", steps=[0, 1, 2, 3], nan_steps=frozenset({2}))
     stuck = SyntheticJob("stuck", steps=[0, 1], rules=HANGS)
     records = []
@@ -143,7 +127,7 @@ def test_a_batch_fails_only_the_records_of_the_job_that_hangs(aws, functions, tm
 def test_a_last_delivery_is_dead_lettered_with_its_reason(aws, functions, tmp_path, monkeypatch):
     use_hanging_rule(tmp_path, monkeypatch)
     dlq = functions
-    evaluate.service().job_budget_s = 0.5
+    evaluate.service().job_budget_s = 2.0  # ample for healthy work under load
     stuck = SyntheticJob("stuck", steps=[0], rules=HANGS, ended=False)
     keys = sorted(aws.put_job("stuck", stuck.objects()), key=_manifest_first)
     batch = evaluate.Batch()

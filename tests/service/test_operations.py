@@ -11,36 +11,21 @@ from __future__ import annotations
 import time
 
 import pytest
+from service_env import Clock, clocked_pipeline
 from trainguard.cli import print_store_status
 from trainguard.format import documents as d
 from trainguard.format import layout
 from trainguard.format.convert import WindowRules, convert_objects
 from trainguard.local.synthetic import SyntheticJob
 from trainguard.service.pipeline import JobPipeline
-from trainguard.service.publisher import Publisher
 from trainguard.service.settings import Settings, stale_job_days
 from trainguard.service.state_store import StateStore
 
 DAY = 86400.0
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pipeline(aws, clock: Clock, stale_days: float = 7) -> JobPipeline:
-    return JobPipeline(
-        StateStore(aws.table, aws.ddb),
-        aws.s3,
-        Publisher(aws.events, aws.bus),
-        bucket=aws.bucket,
-        clock=clock,
-        stale_after_s=stale_days * DAY,
-    )
+    return clocked_pipeline(aws, clock, stale_after_s=stale_days * DAY)
 
 
 def send(aws, service: JobPipeline, job: str, objects: dict[str, bytes]) -> None:
