@@ -1,22 +1,30 @@
 """Hook overhead on CPU PyTorch models, as ratios to the same loop without a hook.
 
-    python bench/hook_overhead.py            # ~3 minutes on 2 cores; rewrites docs/benchmarks.md
-    python bench/hook_overhead.py --quick    # a smoke run (CI)
+    python bench/hook_overhead.py            # ~10 minutes on 2 cores; rewrites docs/benchmarks.md
+    python bench/hook_overhead.py --quick    # a smoke run (tiny sizes, no docs)
 
-Method. Two models (a deep MLP and a small CNN), four configurations (no hook; the
-default hook; statistics of weights, biases, gradients and ReLU outputs every step; full
-weights, biases and gradients every 10 steps). Configurations are interleaved in one
-process, in a shuffled order per repetition, each block timing ``--steps`` training steps
-after a warm-up; a configuration's ratio for one repetition is its block time over the
-no-hook block of that repetition, and the table reports the median over repetitions
-(interleaving cancels the drift a VM shows over minutes). The hook writes to a local temp
-folder, so the background writer (encoding, file writes) competes with training for the
-same cores, as it does in a real job. Peak memory is the peak RSS of a separate process
-that runs the configuration alone; bytes per step are what the hook wrote, divided by steps.
+Method. Three models (a deep MLP, a small CNN, a larger CNN of >= 4 M parameters on
+64x3x32x32 batches) and these configurations, each run **in its own process** (a
+configuration's writer never runs while another is timed), to a local folder and to S3 on a
+local moto server:
 
-smdebug, when a venv with it exists (``--smdebug-python``, default /tmp/smdbg/bin/python),
-runs the same models and protocol in a subprocess (it cannot share a process: it needs
-numpy < 2.3 and protobuf 3.20.3), with its own interleaved no-hook baseline.
+* ``none``: no hook (the baseline of its repetition);
+* ``default``: ``trainguard.Hook(out_dir)``: the default rules' inputs at the default intervals;
+* ``rules_every_step``: what the default rules read (losses, gradient mean-abs, non-finite
+  counts, ReLU activity), every step;
+* ``full_stats_every_step``: every statistic of weights, biases, gradients and ReLU outputs,
+  every step (``statistics="all"``), printed beside
+* ``floor``: one ``abs().sum()`` pass over exactly those tensors (plain PyTorch hooks, nothing
+  else): the least any per-step statistic of them costs;
+* ``full_every_10``: full weights, biases and gradients every 10 steps (mean step, the hook's
+  final flush included).
+
+Repetitions are interleaved (each repetition runs every configuration once, in a shuffled
+order) and a configuration's ratio is the median over repetitions of its mean step time over
+the ``none`` run of the same repetition. smdebug, when a venv with it exists
+(``--smdebug-python``, default /tmp/smdbg/bin/python), runs the same models in its own
+processes with its own baseline (it needs numpy < 2.3 and protobuf 3.20.3). Peak memory is
+the worker process's peak RSS; bytes per step what the hook wrote to the folder, per step.
 """
 
 from __future__ import annotations
@@ -32,75 +40,89 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Hook overhead"
-CONFIGS = ("none", "default", "stats_every_step", "full_every_10")
+MODELS = ("mlp", "cnn", "cnn_large")
+CONFIGS = ("none", "default", "rules_every_step", "full_stats_every_step", "floor", "full_every_10")
 SMDEBUG_CONFIGS = ("none", "default", "reductions_every_step", "full_every_10")
 LABELS = {
     "none": "no hook",
     "default": "default config",
-    "stats_every_step": "stats of weights+biases+gradients+relu_output, every step",
-    "full_every_10": "full weights+biases+gradients every 10 steps",
+    "rules_every_step": "what the default rules read, every step",
+    "full_stats_every_step": "all statistics of weights+biases+gradients+relu_output, every step",
+    "floor": "floor: one abs().sum() of those tensors, every step (plain PyTorch hooks)",
+    "full_every_10": "full weights+biases+gradients every 10 steps (flush included)",
     "reductions_every_step": "reductions of weights+biases+gradients+relu_output, every step",
 }
-TARGETS = {"default": 1.01, "stats_every_step": 1.05, "full_every_10": 1.05}
+TARGETS = {"default": 1.01, "rules_every_step": 1.05, "full_every_10": 1.05}
 
 
 # ----------------------------------------------------------------------------- models
-def make_model(kind: str) -> tuple[Any, Any, Any, list[tuple[Any, Any]]]:
+def make_model(kind: str, quick: bool) -> tuple[Any, Any, Any, list[tuple[Any, Any]]]:
     import torch
     from torch import nn
 
     torch.manual_seed(0)
     if kind == "mlp":
-        width, depth, batch = 512, 8, 128
+        width, depth, batch = (64, 2, 16) if quick else (512, 8, 128)
         layers: list[nn.Module] = [nn.Linear(256, width), nn.ReLU()]
         for _ in range(depth - 1):
             layers += [nn.Linear(width, width), nn.ReLU()]
         layers.append(nn.Linear(width, 10))
         model = nn.Sequential(*layers)
         data = [(torch.randn(batch, 256), torch.randint(0, 10, (batch,))) for _ in range(4)]
-    else:
+    elif kind == "cnn":
         model = nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
             nn.Linear(64, 10),
         )  # fmt: skip
-        data = [(torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))) for _ in range(4)]
+        batch = 4 if quick else 32
+        data = [(torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))) for _ in range(4)]
+    else:  # >= 4 M parameters (4.8 M), 64x3x32x32 batches
+        c = 16 if quick else 128
+        model = nn.Sequential(
+            nn.Conv2d(3, c, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, 2 * c, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(2 * c, 2 * c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(2 * c, 4 * c, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(4 * c, 4 * c, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(4 * c, 4 * c), nn.ReLU(), nn.Linear(4 * c, 10),
+        )  # fmt: skip
+        batch = 4 if quick else 64
+        data = [(torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))) for _ in range(2)]
     loss = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return model, loss, opt, data
 
 
-def train_steps(model: Any, loss_fn: Any, opt: Any, data: list[tuple[Any, Any]], n: int, start: int) -> None:
-    for i in range(start, start + n):
-        x, y = data[i % len(data)]
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+def parameters(kind: str) -> int:
+    model, *_ = make_model(kind, quick=False)
+    return sum(p.numel() for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------- hooks
-def make_trainguard_hook(config: str, out_dir: str) -> Any:
+def trainguard_hook(config: str, out_dir: str) -> Any:
     import trainguard
     from trainguard import Collection, SaveConfig
 
-    if config == "none":
-        return None
+    every = SaveConfig(save_interval=1)
     if config == "default":
         return trainguard.Hook(out_dir, stop_check_interval_s=0)
-    if config == "stats_every_step":
+    if config == "rules_every_step":
+        return trainguard.Hook(out_dir, save_config=every, stop_check_interval_s=0)
+    if config == "full_stats_every_step":
         return trainguard.Hook(
             out_dir,
-            save_config=SaveConfig(save_interval=1),
+            save_config=every,
             include_collections=["losses", "weights", "biases", "gradients", "relu_output"],
+            statistics="all",
             stop_check_interval_s=0,
         )
     if config == "full_every_10":
@@ -114,11 +136,42 @@ def make_trainguard_hook(config: str, out_dir: str) -> Any:
     raise ValueError(config)
 
 
-def make_smdebug_hook(config: str, out_dir: str) -> Any:
+class Floor:
+    """One ``abs().sum()`` of every weight, bias, gradient and ReLU output per step, nothing else."""
+
+    def __init__(self, model: Any) -> None:
+        from torch import nn
+
+        self.model = model
+        self.sums: list[Any] = []
+        model.register_forward_pre_hook(self._weights)
+        for sub in model.modules():
+            if isinstance(sub, nn.ReLU):
+                sub.register_forward_hook(lambda m, i, out: self.sums.append(out.abs().sum()))
+        model.register_forward_hook(self._backward_after)
+
+    def _weights(self, module: Any, args: Any) -> None:
+        self.sums.extend(p.detach().abs().sum() for p in self.model.parameters())
+
+    def _backward_after(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        def done() -> None:
+            self.sums.extend(p.grad.abs().sum() for p in self.model.parameters() if p.grad is not None)
+
+        def on_grad(grad: Any) -> None:
+            torch.autograd.Variable._execution_engine.queue_callback(done)
+
+        if output.requires_grad:
+            output.register_hook(on_grad)
+
+    def close(self) -> None:
+        self.sums.clear()
+
+
+def smdebug_hook(config: str, out_dir: str) -> Any:
     import smdebug.pytorch as smd
 
-    if config == "none":
-        return None
     if config == "default":
         return smd.Hook(out_dir=out_dir)
     if config == "reductions_every_step":
@@ -139,96 +192,50 @@ def make_smdebug_hook(config: str, out_dir: str) -> Any:
     raise ValueError(config)
 
 
-class Block:
-    """One configuration, alive for the whole run (so its hook's threads compete like in a job)."""
-
-    def __init__(self, model_kind: str, config: str, make_hook: Callable[[str, str], Any], tmp: str) -> None:
-        self.model, self.loss, self.opt, self.data = make_model(model_kind)
-        self.out_dir = os.path.join(tmp, f"{model_kind}-{config}")
-        self.hook = make_hook(config, self.out_dir)
-        if self.hook is not None:
-            self.hook.register_module(self.model)
-            self.hook.register_loss(self.loss)
-        self.step = 0
-
-    def run(self, n: int) -> tuple[float, float]:
-        """Run n steps; (wall seconds, process CPU seconds: every thread, the hook's included)."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        train_steps(self.model, self.loss, self.opt, self.data, n, self.step)
-        self.step += n
-        return time.perf_counter() - wall, time.process_time() - cpu
-
-    def close(self) -> None:
-        if self.hook is not None:
-            self.hook.close()
-
-
-def dir_bytes(path: str) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def measure(
-    models: list[str], configs: tuple[str, ...], make_hook: Callable[[str, str], Any], reps: int, steps: int
-) -> dict[str, Any]:
-    """Interleaved timing: {model: {config: {"ratio", "step_ms", "bytes_per_step"}}}."""
+# ----------------------------------------------------------------------------- one configuration, one process
+def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    results: dict[str, Any] = {}
-    rng = random.Random(0)
-    for model_kind in models:
-        with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
-            blocks = {c: Block(model_kind, c, make_hook, tmp) for c in configs}
-            for block in blocks.values():
-                block.run(12)  # warm-up: allocator, threads, first objects
-            times: dict[str, list[float]] = {c: [] for c in configs}
-            cpu: dict[str, list[float]] = {c: [] for c in configs}
-            for _ in range(reps):
-                order = list(configs)
-                rng.shuffle(order)
-                for c in order:
-                    wall, used = blocks[c].run(steps)
-                    times[c].append(wall)
-                    cpu[c].append(used)
-            for block in blocks.values():
-                block.close()
-            out: dict[str, Any] = {}
-            for c in configs:
-                ratios = [t / base for t, base in zip(times[c], times["none"], strict=True)]
-                cpu_ratios = [t / base for t, base in zip(cpu[c], cpu["none"], strict=True)]
-                written = dir_bytes(blocks[c].out_dir) if blocks[c].hook is not None else 0
-                out[c] = {
-                    "ratio": statistics.median(ratios),
-                    "cpu_ratio": statistics.median(cpu_ratios),
-                    "step_ms": 1000 * statistics.median(times[c]) / steps,
-                    "bytes_per_step": written / max(1, blocks[c].step),
-                }
-            results[model_kind] = out
-    return results
+    model, loss_fn, opt, data = make_model(spec["model"], spec["quick"])
+    config = spec["config"]
+    hook: Any = None
+    if config == "floor":
+        hook = Floor(model)
+    elif config != "none":
+        make = smdebug_hook if spec["tool"] == "smdebug" else trainguard_hook
+        hook = make(config, spec["out_dir"])
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
 
+    def step(i: int) -> None:
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
 
-def peak_rss(model_kind: str, config: str, tool: str, python: str, steps: int) -> float | None:
-    """Peak RSS (MiB) of a fresh process running one configuration alone."""
-    cmd = [python, __file__, "--rss-worker", model_kind, config, "--tool", tool, "--steps", str(steps)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        return float(json.loads(proc.stdout.strip().splitlines()[-1])["peak_mib"])
-    except Exception:
-        return None
-
-
-def rss_worker(model_kind: str, config: str, tool: str, steps: int) -> None:
-    make = make_trainguard_hook if tool == "trainguard" else make_smdebug_hook
-    with tempfile.TemporaryDirectory(prefix="tg-bench-rss-") as tmp:
-        block = Block(model_kind, config, make, tmp)
-        block.run(steps)
-        block.close()
-    print(json.dumps({"peak_mib": peak_rss_mib()}))
+    for i in range(spec["warmup"]):
+        step(i)
+    started = time.perf_counter()
+    cpu = time.process_time()
+    for i in range(spec["steps"]):
+        step(i)
+    if hook is not None:
+        hook.close()  # the final flush counts
+    wall = time.perf_counter() - started
+    used = time.process_time() - cpu
+    written = 0
+    if spec["out_dir"] and not spec["out_dir"].startswith("s3://") and Path(spec["out_dir"]).exists():
+        written = sum(p.stat().st_size for p in Path(spec["out_dir"]).rglob("*") if p.is_file())
+    return {
+        "step_ms": 1000 * wall / spec["steps"],
+        "cpu_ms": 1000 * used / spec["steps"],
+        "peak_mib": peak_rss_mib(),
+        "bytes_per_step": written / (spec["steps"] + spec["warmup"]),
+    }
 
 
 def peak_rss_mib() -> float:
-    """This process's peak RSS: VmHWM (ru_maxrss survives exec on Linux, so it would report
-    the parent's peak), else ru_maxrss."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -238,29 +245,127 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-# ----------------------------------------------------------------------------- report
-def table(results: dict[str, Any], rss: dict[tuple[str, str], float | None], configs: tuple[str, ...]) -> str:
-    lines = [
-        "| model | configuration | step (ms) | wall ratio | CPU ratio | target | peak RSS MiB (Δ) "
-        "| bytes / step |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for model_kind, per in results.items():
-        base = rss.get((model_kind, "none"))
-        for c in configs:
-            r = per[c]
-            target = f"≤ {TARGETS[c]:.2f}" if c in TARGETS else ""
-            mem = rss.get((model_kind, c))
-            mem_text = "n/a" if mem is None else f"{mem:.0f}"
-            if mem is not None and base is not None and c != "none":
-                mem_text += f" ({mem - base:+.0f})"
-            cpu = r.get("cpu_ratio", float("nan"))
+def spawn(python: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    cmd = [python, __file__, "--worker", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT, env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"{spec['tool']} {spec['model']} {spec['config']}: {proc.stderr[-1500:]}")
+    return dict(json.loads(lines[-1].split(" ", 1)[1]))
+
+
+# ----------------------------------------------------------------------------- orchestration
+def measure(
+    tool: str,
+    python: str,
+    configs: tuple[str, ...],
+    targets: list[str],
+    args: argparse.Namespace,
+    env: dict[str, str],
+) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """{(model, target, config): [result per repetition]}; ratios are taken per repetition."""
+    rng = random.Random(0)
+    tmp = tempfile.mkdtemp(prefix=f"tg-bench-{tool}-")
+    results: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for rep in range(args.reps):
+        for model in args.models:
+            for target in targets:
+                order = list(configs)
+                rng.shuffle(order)
+                for config in order:
+                    if target == "s3" and config in ("none", "floor"):
+                        continue  # nothing is written: the folder run is the same measurement
+                    job = f"{model}-{config}-{rep}".replace("_", "-")
+                    out = f"s3://bench/jobs/{tool}-{job}" if target == "s3" else f"{tmp}/{job}"
+                    spec = {
+                        "tool": tool,
+                        "model": model,
+                        "config": config,
+                        "out_dir": "" if config in ("none", "floor") else out,
+                        "steps": args.steps,
+                        "warmup": args.warmup,
+                        "quick": args.quick,
+                    }
+                    results.setdefault((model, target, config), []).append(spawn(python, spec, env))
+    for model in args.models:  # the baseline of the S3 runs is the folder baseline
+        for config in ("none", "floor"):
+            if (model, "folder", config) in results:
+                results[(model, "s3", config)] = results[(model, "folder", config)]
+    return results
+
+
+def ratio(
+    results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, target: str, config: str
+) -> float:
+    runs = results.get((model, target, config))
+    base = results.get((model, target, "none"))
+    if not runs or not base:
+        return float("nan")
+    return statistics.median(r["step_ms"] / b["step_ms"] for r, b in zip(runs, base, strict=False))
+
+
+def table(
+    results: dict[tuple[str, str, str], list[dict[str, Any]]],
+    models: list[str],
+    configs: tuple[str, ...],
+    targets: list[str],
+) -> str:
+    head = "| model | configuration | step (ms) | " + " | ".join(f"ratio ({t})" for t in targets)
+    head += " | target | peak RSS MiB | bytes / step |"
+    lines = [head, "|" + "---|" * (6 + len(targets))]
+    for model in models:
+        floor = ratio(results, model, "folder", "floor")
+        for config in configs:
+            runs = results.get((model, "folder", config))
+            if not runs:
+                continue
+            step = statistics.median(r["step_ms"] for r in runs)
+            cells = []
+            for target in targets:
+                r = ratio(results, model, target, config)
+                cell = f"{r:.3f}"
+                if config == "full_stats_every_step" and floor == floor and floor > 1:
+                    cell += f" ({(r - 1) / (floor - 1):.2f}x the floor's overhead)"
+                cells.append(cell)
+            goal = f"≤ {TARGETS[config]:.2f}" if config in TARGETS else ""
+            if config == "full_stats_every_step":
+                goal = "overhead ≤ 1.5x the floor's"
+            rss = statistics.median(r["peak_mib"] for r in runs)
+            written = statistics.median(r["bytes_per_step"] for r in runs)
             lines.append(
-                f"| {model_kind} | {LABELS[c]} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {cpu:.3f} "
-                f"| {target} "
-                f"| {mem_text} | {r['bytes_per_step']:,.0f} |"
+                f"| {model} | {LABELS[config]} | {step:.1f} | "
+                + " | ".join(cells)
+                + f" | {goal} | {rss:.0f} | {written:,.0f} |"
             )
     return "\n".join(lines)
+
+
+def start_moto() -> tuple[Any, dict[str, str]]:
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = dict(os.environ)
+    env.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket="bench")
+    return server, env
 
 
 def write_section(text: str) -> None:
@@ -268,10 +373,11 @@ def write_section(text: str) -> None:
     current = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
     block = f"{SECTION}\n\n{text.strip()}\n\n"
-    if pattern.search(current):
-        current = pattern.sub(lambda _: block, current)
-    else:
-        current = current.rstrip() + "\n\n" + block
+    current = (
+        pattern.sub(lambda _: block, current)
+        if pattern.search(current)
+        else current.rstrip() + "\n\n" + block
+    )
     DOCS.write_text(current.rstrip() + "\n")
 
 
@@ -279,84 +385,65 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 2 repetitions of 10 steps, no docs"
-    )
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="tiny models, 1 repetition of 12 steps, no docs")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    parser.add_argument("--no-s3", action="store_true", help="write to a folder only")
     parser.add_argument("--smdebug-python", default="/tmp/smdbg/bin/python")
-    parser.add_argument("--models", default="mlp,cnn")
-    parser.add_argument("--smdebug-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--rss-worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
-    parser.add_argument("--tool", default="trainguard", help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    models = args.models.split(",")
+    if args.worker:
+        sys.path.insert(0, str(ROOT / "shared"))
+        print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
+        return
+    args.models = args.models.split(",")
     if args.quick:
-        args.reps, args.steps, args.no_docs = 2, 10, True
-
-    if args.rss_worker:
-        rss_worker(args.rss_worker[0], args.rss_worker[1], args.tool, args.steps)
-        return
-    if args.smdebug_worker:
-        import logging
-
-        logging.disable(logging.CRITICAL)
-        results = measure(models, SMDEBUG_CONFIGS, make_smdebug_hook, args.reps, args.steps)
-        print("SMDEBUG-RESULTS " + json.dumps(results))
-        return
-
-    sys.path.insert(0, str(ROOT / "shared"))
+        args.reps, args.steps, args.warmup, args.no_docs = 1, 12, 3, True
+    targets = ["folder"] if args.no_s3 else ["folder", "s3"]
+    server, env = (None, dict(os.environ)) if args.no_s3 else start_moto()
+    env["PYTHONPATH"] = str(ROOT / "shared") + os.pathsep + env.get("PYTHONPATH", "")
+    started = time.time()
     import torch
 
-    started = time.time()
-    results = measure(models, CONFIGS, make_trainguard_hook, args.reps, args.steps)
-    rss = {(m, c): peak_rss(m, c, "trainguard", sys.executable, args.steps) for m in models for c in CONFIGS}
+    ours = measure("trainguard", sys.executable, CONFIGS, targets, args, env)
+    sizes = ", ".join(f"`{m}` {parameters(m) / 1e6:.1f} M parameters" for m in args.models)
     report = [
-        f"Measured by `bench/hook_overhead.py` (`make bench`) on {os.cpu_count()} CPU cores, "
-        f"PyTorch {torch.__version__}, {args.reps} interleaved repetitions of {args.steps} steps "
-        "per configuration. "
-        "Models: `mlp` = 8 Linear(512) + ReLU layers, batch 128 (2.2 M parameters: weight-heavy, the "
-        "worst case for per-tensor reductions); `cnn` = 3 conv layers (32/64/64 channels) on 32x32 "
-        "images, batch 32. *wall ratio*: median over repetitions of (block time with the hook) / "
-        "(no-hook block time of the same repetition); *CPU ratio*: the same with the process's CPU time "
-        "(every thread, so the hook's background writer counts), which is far less sensitive to other "
-        "load on the machine. Peak RSS: a fresh process running the configuration alone (Δ: versus no hook).",
+        f"Measured by `bench/hook_overhead.py` (`make bench`) on {os.cpu_count()} CPU cores, PyTorch "
+        f"{torch.__version__}: {args.reps} interleaved repetitions of {args.steps} steps (after "
+        f"{args.warmup} warm-up steps), every configuration in its own process. Models: {sizes} "
+        "(`mlp`: 8 Linear(512)+ReLU, batch 128; `cnn`: 3 conv layers, batch 32; `cnn_large`: 6 conv "
+        "layers of 128-512 channels and 2 dense, batch 64x3x32x32). *ratio*: median over repetitions "
+        "of the mean step (the hook's final flush included) over the no-hook run of the same "
+        "repetition; S3 is a local moto server (the S3 client's CPU is what a real job pays).",
         "",
         "### trainguard",
         "",
-        table(results, rss, CONFIGS),
+        table(ours, args.models, CONFIGS, targets),
     ]
     smd_python = Path(args.smdebug_python)
     if smd_python.exists() and not args.quick:
-        cmd = [str(smd_python), __file__, "--smdebug-worker", "--reps", str(args.reps)]
-        cmd += ["--steps", str(args.steps), "--models", args.models]  # fmt: skip
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/tmp")
-            line = next(x for x in proc.stdout.splitlines() if x.startswith("SMDEBUG-RESULTS "))
-            smd = json.loads(line.split(" ", 1)[1])
-            smd_rss = {
-                (m, c): peak_rss(m, c, "smdebug", str(smd_python), args.steps)
-                for m in models
-                for c in SMDEBUG_CONFIGS
-            }
+            theirs = measure("smdebug", str(smd_python), SMDEBUG_CONFIGS, ["folder"], args, env)
             report += [
                 "",
-                "### smdebug 1.0.34 (same models and protocol, its own process and no-hook baseline)",
+                "### smdebug (same models, its own processes and baseline)",
                 "",
-                table(smd, smd_rss, SMDEBUG_CONFIGS),
+                table(theirs, args.models, SMDEBUG_CONFIGS, ["folder"]),
             ]
         except Exception as exc:
             report += ["", f"smdebug run failed: {type(exc).__name__}: {str(exc)[:300]}"]
     else:
         report += ["", "smdebug was not measured in this run (no venv at --smdebug-python)."]
+    if server is not None:
+        server.stop()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     report += [
         "",
         f"Run took {time.time() - started:.0f} s; load average at the end {load:.1f} "
-        f"on {os.cpu_count()} cores "
-        "(other work on the machine inflates the wall ratios; the CPU ratios are the steadier figure). "
-        "What the numbers mean for the defaults: [hook.md](hook.md#collections-and-defaults).",
+        f"on {os.cpu_count()} cores.",
     ]
     text = "\n".join(report)
     print(text)

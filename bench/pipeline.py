@@ -48,6 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shared"))
+from trainguard.hook.core import DEFAULT_WINDOW_S  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Pipeline"
@@ -75,7 +76,8 @@ TARGET_STEP_MS = 1.0
 TARGET_NAN_P50_S, TARGET_NAN_P95_S = 2.0, 5.0
 TARGET_WORKER_HOUR = 0.02
 TARGET_IMPORT_S = 1.0
-WINDOW_S = 1.0  # the segment window of the synthetic writer (the hook's default may differ)
+#: the segment window of the synthetic writer: the hook's default (``Hook(window_s=...)``)
+WINDOW_S = DEFAULT_WINDOW_S
 STOP_POLL_S = 0.02
 #: a NaN run that is not stopped this long after its planned end counts as not stopped
 NAN_PATIENCE_S = 20.0

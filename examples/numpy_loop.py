@@ -37,7 +37,7 @@ def main(out_dir: str, steps: int = 200) -> int:
     hook = trainguard.Hook(
         out_dir,
         include_collections=["losses", "weights", "gradients"],
-        # full weights every 50 steps, on top of their statistics every 50 (the default)
+        # statistics of weights and gradients at every save; full weights every 50 steps
         collections=[Collection("weights", SaveConfig(save_interval=50), save_full=True)],
         rules=rules,
         raise_on_stop=False,
@@ -53,8 +53,10 @@ def main(out_dir: str, steps: int = 200) -> int:
             loss = float((err**2).mean())
             grad = 2 * x[batch].T @ err / len(batch)
             hook.save_scalar("mse", loss, step=step, collections=["losses"])
-            hook.save_tensor("w", w, step=step, collections=["weights"])
-            hook.save_tensor("gradient/w", grad, step=step, collections=["gradients"])
+            # explicit saves are always written (save configs throttle only what the hook
+            # captures itself); full=False: statistics only, the full weights come every 50
+            hook.save_tensor("w", w, step=step, collections=["weights"], full=False)
+            hook.save_tensor("gradient/w", grad, step=step, collections=["gradients"], full=False)
             w -= 0.05 * grad
             if step % 50 == 49:  # evaluation, recorded in the same step object under EVAL
                 hook.set_mode(modes.EVAL)

@@ -27,9 +27,9 @@ def main(out_dir: str, steps: int = 100) -> int:
     x, y = torch.randn(2048, 20), torch.randint(0, 4, (2048,))
     x_val, y_val = torch.randn(512, 20), torch.randint(0, 4, (512,))
 
-    # default collections: losses every step; weights, biases, gradients and ReLU outputs
-    # (statistics, not full tensors) every 50 steps
-    hook = trainguard.Hook(out_dir, rules=None)  # None: the service's default rules
+    # rules=None: the service's default rules; the hook records what they read: the losses
+    # every step, gradient mean-abs and ReLU activity (statistics, not tensors) every 50 steps
+    hook = trainguard.Hook(out_dir, rules=None)
     hook.register_module(model)  # each forward of `model` is a step
     hook.register_loss(loss_fn)  # its output is saved in `losses`
     step = 0
@@ -50,13 +50,16 @@ def main(out_dir: str, steps: int = 100) -> int:
         print(f"step {step}: {stop}; checkpointed and exiting")
         return 0
     finally:
-        hook.close()  # flushes what is queued and writes this worker's end marker
+        report = hook.close()  # writes the last segment and this worker's end marker
+        if not report.ok:  # close() has already said what did not arrive, loudly
+            print(f"trainguard could not deliver everything: {report.error or report.dropped}")
     print(f"finished {steps} steps; written to {out_dir}")
     return 0
 
 
 if __name__ == "__main__":
     # `trainguard local -- python examples/torch_loop.py` sets TRAINGUARD_OUT_DIR to its local S3
+    # (trainguard.Hook() without out_dir reads it too)
     sys.exit(
         main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINGUARD_OUT_DIR", "runs/torch-demo"))
     )

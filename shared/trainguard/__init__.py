@@ -19,9 +19,14 @@ if TYPE_CHECKING:
         Collection,
         CollectionKeys,
         Hook,
+        HookReport,
+        ReductionConfig,
         SaveConfig,
         SaveConfigMode,
+        StepPlan,
         StopTrainingRequested,
+        del_hook,
+        get_hook,
     )
     from trainguard.trial import Trial, create_trial
 
@@ -32,6 +37,11 @@ _LAZY = {
     "Collection": "trainguard.hook",
     "CollectionKeys": "trainguard.hook",
     "StopTrainingRequested": "trainguard.hook",
+    "HookReport": "trainguard.hook",
+    "ReductionConfig": "trainguard.hook",
+    "StepPlan": "trainguard.hook",
+    "get_hook": "trainguard.hook",
+    "del_hook": "trainguard.hook",
     "create_trial": "trainguard.trial",
     "Trial": "trainguard.trial",
 }
@@ -40,12 +50,17 @@ __all__ = [
     "Collection",
     "CollectionKeys",
     "Hook",
+    "HookReport",
+    "ReductionConfig",
     "SaveConfig",
     "SaveConfigMode",
+    "StepPlan",
     "StopTrainingRequested",
     "Trial",
     "__version__",
     "create_trial",
+    "del_hook",
+    "get_hook",
     "modes",
 ]
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.cli_errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, explain
+from trainguard.engine.model import dropped_text
 from trainguard.local import results
+from trainguard.text import printable
 
 RULES_HELP = (
     "JSON file of SageMaker rule configurations: a list, an object with DebugRuleConfigurations"
@@ -247,7 +249,7 @@ def _replay(args: argparse.Namespace) -> int:
     if show:
         sys.stderr.write("\n")
     for warning in result.warnings[:20]:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {printable(warning)}", file=sys.stderr)
     if len(result.warnings) > 20:
         print(f"warning: {len(result.warnings) - 20} more warnings not shown", file=sys.stderr)
     if args.json:
@@ -432,6 +434,9 @@ def _print_saved(saved: list[dict[str, Any]], job: str | None, as_json: bool, ru
         "LastStep",
         "StepsEvaluated",
         "DebugRuleEvaluationStatuses",
+        "Dropped",
+        "DroppedObjects",
+        "EndReason",
     )
     return print_jobs([{k: d.get(k) for k in fields} for d in saved], as_json)
 
@@ -451,11 +456,18 @@ def print_jobs(entries: list[dict[str, Any]], as_json: bool = False) -> int:
                 for r in entry.get("DebugRuleEvaluationStatuses") or []
             ],
         )
+        dropped = dropped_text(entry.get("Dropped") or {}, entry.get("DroppedObjects") or 0)
+        if dropped:
+            print(printable(f"  dropped by the hook: {dropped}"))
+        if entry.get("EndReason"):
+            print(printable(f"  ended by trainguard: {entry['EndReason']}"))
     return 0
 
 
 def _print_rules(title: str, rows: list[tuple[str, str, str]]) -> None:
-    print(title)
+    """Names and details come from jobs: escape bytes and control characters are shown escaped."""
+    print(printable(title))
+    rows = [(printable(n), printable(st), printable(d)) for n, st, d in rows]
     width = max((len(n) for n, _, _ in rows), default=10)
     for name, status, details in rows:
         short = details.split(". ", 1)[-1] if details.startswith("RuleEvaluationConditionMet") else details

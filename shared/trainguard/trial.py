@@ -60,6 +60,7 @@ from trainguard.format.documents import (
     decode_segment_header,
     decode_step_header,
     parse_document,
+    read_bounded_document,
     segment_tensor_key,
     tensor_key,
 )
@@ -251,7 +252,7 @@ class Trial:
         """The job manifest (None if rank 0 has not written it)."""
         if self._manifest is None:
             try:
-                raw = self.store.get(layout.MANIFEST)
+                raw = read_bounded_document(self.store, layout.MANIFEST)
             except ObjectNotFound:
                 return None
             self._manifest = parse_document(Manifest, raw)
@@ -276,14 +277,14 @@ class Trial:
         for key in self.store.list("end/"):
             ref = _ref(key)
             if ref is not None and ref.kind is layout.ObjectKind.END and ref.worker is not None:
-                markers[ref.worker] = parse_document(EndMarker, self.store.get(key))
+                markers[ref.worker] = parse_document(EndMarker, read_bounded_document(self.store, key))
         with self._lock:
             self._ends = markers
         return dict(markers)
 
     def stop_signal(self) -> StopSignal | None:
         try:
-            raw = self.store.get(layout.STOP_SIGNAL)
+            raw = read_bounded_document(self.store, layout.STOP_SIGNAL)
         except ObjectNotFound:
             return None
         result: StopSignal = parse_document(StopSignal, raw)

@@ -1,10 +1,10 @@
-"""The examples run, write a job, and the trial API reads it back."""
+"""The examples run and write a complete job."""
 
 import runpy
 from pathlib import Path
 
 import pytest
-import trainguard
+from segment_reader import JobView
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -16,7 +16,8 @@ def test_example_writes_a_readable_job(tmp_path, monkeypatch, script, loss):
     monkeypatch.chdir(tmp_path)
     module = runpy.run_path(str(EXAMPLES / script))
     assert module["main"](str(tmp_path / "job"), steps=30) == 0
-    trial = trainguard.create_trial(tmp_path / "job")
-    assert trial.steps()[0] == 0
-    assert len(trial.tensor(loss).values(mode="TRAIN")) == 30
-    assert trial.end_markers()[0].dropped_objects == 0
+    job = JobView(tmp_path / "job")
+    assert job.steps()[0] == 0
+    assert len(job.scalars()[loss]) == 30
+    end = job.end_markers()[0]
+    assert end.dropped_objects == 0 and end.dropped == {}

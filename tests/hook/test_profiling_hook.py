@@ -3,6 +3,7 @@
 import time
 
 import trainguard
+from segment_reader import JobView
 from trainguard.engine.replay import replay
 from trainguard.engine.sources import LocalJob
 
@@ -24,9 +25,9 @@ def test_a_stalled_loader_is_caught_by_step_outlier(tmp_path):
         for i in hook.timed_loader(slow_loader(420)):
             hook.save_scalar("loss", 1.0 / (i + 1), step=i, collections=["losses"])
             time.sleep(0.002)
-    trial = trainguard.create_trial(out)
-    assert trial.manifest.system_interval_s == 0.1
-    end = trial.end_markers()[0]
+    job = JobView(out)
+    assert job.manifest.system_interval_s == 0.1
+    end = job.end_markers()[0]
     assert end.system_batches is not None and end.system_batches >= 1
     systems = sorted(p.name for p in (out / "system" / "worker-00000").iterdir())
     assert len(systems) == end.system_batches
@@ -42,4 +43,4 @@ def test_without_profiler_nothing_is_sampled_and_the_loader_is_unchanged(tmp_pat
         assert hook.timed_loader(data) is data
         hook.save_scalar("loss", 1.0, step=0, collections=["losses"])
     assert not (tmp_path / "noprof" / "system").exists()
-    assert trainguard.create_trial(tmp_path / "noprof").end_markers()[0].system_batches is None
+    assert JobView(tmp_path / "noprof").end_markers()[0].system_batches is None

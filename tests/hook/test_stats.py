@@ -71,7 +71,7 @@ def test_accelerator_code_path_matches(with_nan):
     if with_nan:
         a[1, 1], a[2, 2] = np.nan, np.inf
     pending = torch_stats(torch.from_numpy(a), FULL, device_path=True)
-    assert not isinstance(pending.main, list)  # still tensors: nothing copied on the hot path
+    assert isinstance(pending.packed, torch.Tensor) and not pending.base  # nothing on the host yet
     t, n = pending.finalize(), numpy_stats(a, FULL)
     assert (t.nan, t.inf, t.zeros, t.numel) == (n.nan, n.inf, n.zeros, n.numel)
     if not with_nan:
@@ -167,3 +167,55 @@ def test_complex_rejected_clearly():
         torch_stats(torch.zeros(3, dtype=torch.complex64))
     with pytest.raises(TypeError, match="cannot compute statistics"):
         numpy_stats(np.zeros(3, np.complex64))
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_only_the_fields_asked_for_are_computed(device_path):
+    a = (RNG.normal(size=(64, 32)) * 2).astype(np.float32)
+    a[0, 0] = 0.0
+    spec = StatSpec.of([], ["numel", "mean_abs", "nan", "inf"])
+    got = torch_stats(torch.from_numpy(a), spec, device_path=device_path).finalize()
+    want = reference(a)
+    assert got.numel == a.size and got.mean_abs == pytest.approx(want["mean_abs"], rel=1e-5)
+    assert (got.nan, got.inf) == (0, 0)
+    assert got.mean is None and got.std is None and got.min is None and got.zeros is None
+    np_got = numpy_stats(a, spec)
+    assert np_got.mean is None and np_got.mean_abs == pytest.approx(got.mean_abs, rel=1e-6)
+
+
+def test_non_finite_counts_come_from_the_sums_when_nothing_else_is_asked():
+    a = np.ones(100, np.float32)
+    a[[3, 7]] = np.nan
+    a[9] = np.inf
+    spec = StatSpec.of([], ["nan", "inf"])
+    for got in (torch_stats(torch.from_numpy(a), spec).finalize(), numpy_stats(a, spec)):
+        assert (got.nan, got.inf, got.mean) == (2, 1, None)
+
+
+def test_many_tensors_at_once_match_one_at_a_time():
+    """The batched path (``_foreach_norm`` on an accelerator), run on the CPU."""
+    from trainguard.hook.stats import torch_stats_many
+
+    tensors = [
+        torch.from_numpy((RNG.normal(size=s) * 3).astype(np.float32)) for s in ((8, 8), (5,), (3, 4, 2))
+    ]
+    tensors[1][2] = float("nan")
+    spec = StatSpec.of([], ["numel", "mean_abs", "l2", "nan", "inf"])
+    full = StatSpec()
+    batched = torch_stats_many([*tensors, tensors[0]], [spec, spec, spec, full], device_path=True)
+    assert batched[0].packed_names == ("l1", "l2", "nan", "inf")  # the foreach group
+    for t, pending in zip(tensors, batched[:3], strict=True):
+        got, want = pending.finalize(), numpy_stats(t.numpy(), spec)
+        assert (got.numel, got.nan, got.inf) == (want.numel, want.nan, want.inf)
+        if want.nan == 0:
+            assert got.mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
+            assert got.l2 == pytest.approx(want.l2, rel=1e-5)
+    assert batched[3].finalize().std == pytest.approx(float(tensors[0].double().std(correction=0)), rel=1e-5)
+    assert torch_stats_many([tensors[0]], [None]) == [None]
+    # the CPU's batched path: one host copy for the group
+    for t, pending in zip(tensors, torch_stats_many(tensors, [spec] * 3), strict=True):
+        got, want = pending.finalize(), numpy_stats(t.numpy(), spec)
+        assert (got.numel, got.nan, got.inf) == (want.numel, want.nan, want.inf)
+        if want.nan == 0:
+            assert got.mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
+            assert got.l2 == pytest.approx(want.l2, rel=1e-5)

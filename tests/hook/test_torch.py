@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import trainguard
+from segment_reader import JobView
 from torch import nn
 from trainguard import Collection, SaveConfig, modes
 from trainguard.hook.stats import numpy_stats
@@ -44,6 +45,11 @@ def run(model, hook, steps, record=None, lr=0.1):
     return crit
 
 
+def smd(name: str) -> str:
+    """smdebug's name of an ``mlp()`` parameter: the model's class name, then its path."""
+    return f"Sequential_{name}"
+
+
 def test_torch_loop_round_trip(tmp_path):
     out = tmp_path / "torch-job"
     cols = [
@@ -70,22 +76,22 @@ def test_torch_loop_round_trip(tmp_path):
         hook.set_mode(modes.EVAL)
         with torch.no_grad():
             crit(model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]))
-    trial = trainguard.create_trial(out)
-    assert trial.steps() == [0, 2, 4, 5]
-    # smdebug's semantics: with a mode, steps are that mode's own (EVAL's first is 0)
-    assert trial.steps(mode="EVAL") == [0] and trial.global_step("EVAL", 0) == 5
-    assert trial.manifest.frameworks[0].name == "pytorch"
+    job = JobView(out)
+    assert job.steps() == [0, 2, 4, 5]
+    assert job.steps(mode="EVAL") == [5]
+    assert job.manifest.frameworks[0].name == "pytorch"
     for step in (0, 2, 4):
         rec = record[step]
-        assert trial.tensor("CrossEntropyLoss_output_0").value(step) == pytest.approx(rec["loss"])
+        assert job.scalar("CrossEntropyLoss_output_0", step) == pytest.approx(rec["loss"])
         for name, w in rec["weights"].items():
-            np.testing.assert_array_equal(trial.tensor(name).value(step), w.numpy())
-            got = trial.tensor(f"gradient/{name}")
-            np.testing.assert_array_equal(got.value(step), rec["grads"][name].numpy())
+            np.testing.assert_array_equal(job.value(smd(name), step), w.numpy())
+            np.testing.assert_array_equal(
+                job.value(f"gradient/{smd(name)}", step), rec["grads"][name].numpy()
+            )
             want = numpy_stats(rec["grads"][name].numpy())
-            assert got.stats(step).mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
-        assert trial.tensor("CrossEntropyLoss/labels").stats(step).values == [float(v) for v in rec["y"]]
-    names = trial.tensor_names(step=2)
+            assert job.stats(f"gradient/{smd(name)}", step).mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
+        assert job.stats("CrossEntropyLoss/labels", step).values == [float(v) for v in rec["y"]]
+    names = job.tensor_names(step=2)
     for expected in (
         "1/relu_output",
         "1/relu_input",
@@ -94,33 +100,71 @@ def test_torch_loop_round_trip(tmp_path):
         "CrossEntropyLoss/predictions",
     ):
         assert expected in names
-    relu = trial.tensor("1/relu_output").stats(2)
+    relu = job.stats("1/relu_output", 2)
     assert len(relu.unit_active) == 8 and relu.samples == 16 and relu.min >= 0
-    tanh = trial.tensor("3/tanh_input").stats(2)
+    tanh = job.stats("3/tanh_input", 2)
     assert tanh.band == (-9.4999, 9.4999) and len(tanh.unit_in_band) == 8
-    assert trial.tensor("gradient/0.weight").stats(2).percentiles.keys() == {"5", "50", "95"}
+    assert job.stats(f"gradient/{smd('0.weight')}", 2).percentiles.keys() == {"5", "50", "95"}
     # parameters and gradients are written in the model's parameter order
-    header_names = list(trial.header(2).modes["TRAIN"].tensors)
+    header_names = list(job.mode(2).tensors)
     grads = [n for n in header_names if n.startswith("gradient/")]
-    assert grads == [f"gradient/{n}" for n, _ in model.named_parameters()]
+    assert grads == [f"gradient/{smd(n)}" for n, _ in model.named_parameters()]
     # EVAL step: weights and loss, no gradients
-    eval_names = trial.tensor_names(step=0, mode="EVAL")  # EVAL's step 0 (global step 5)
-    assert "0.weight" in eval_names and not any(n.startswith("gradient/") for n in eval_names)
+    eval_names = job.tensor_names(step=5, mode="EVAL")
+    assert smd("0.weight") in eval_names and not any(n.startswith("gradient/") for n in eval_names)
 
 
-def test_default_config_and_step_counting(tmp_path):
+def test_default_config_records_what_the_default_rules_read(tmp_path):
     with trainguard.Hook(tmp_path / "d") as hook:
         run(mlp(), hook, 52)
         assert hook.step == 51
-    trial = trainguard.create_trial(tmp_path / "d")
-    assert trial.steps() == list(range(52))  # losses every step
-    assert trial.tensor("gradient/0.weight").steps() == [0, 50]  # tensor statistics every 50
-    assert trial.tensor("0.bias").steps() == [0, 50]
-    assert trial.tensor("1/relu_output").steps() == [0, 50]
-    assert "1/relu_input" not in trial.tensor_names()  # not a default collection
-    assert trial.tensor("0.weight").record(0).stored is False
-    with pytest.raises(trainguard.trial.TensorUnavailable, match="only statistics"):
-        trial.tensor("0.weight").value(0)
+    job = JobView(tmp_path / "d")
+    assert job.steps() == list(range(52))  # losses every step
+    grad = f"gradient/{smd('0.weight')}"
+    assert job.tensor_steps(grad) == [0, 50]  # tensor statistics every 50
+    assert job.tensor_steps("1/relu_output") == [0, 50]
+    assert smd("0.bias") not in job.tensor_names()  # no default rule reads weights or biases
+    assert "1/relu_input" not in job.tensor_names()
+    # only what the rules read: VanishingGradient mean_abs, ExplodingTensor nan/inf, DeadRelu units
+    stats = job.stats(grad, 0)
+    assert stats.mean_abs is not None and (stats.nan, stats.inf) == (0, 0)
+    assert stats.mean is None and stats.std is None and stats.percentiles is None
+    relu = job.stats("1/relu_output", 0)
+    assert relu.unit_active is not None and relu.nan == 0 and relu.min is None
+    assert job.record(grad, 0).stored is False
+
+
+def test_hooks_are_installed_only_on_due_steps(tmp_path):
+    """A step with nothing due leaves every submodule on PyTorch's hook-free path."""
+    model = mlp()
+    seen = []
+
+    def spy(module, args):
+        seen.append(sum(len(m._forward_hooks) for m in model.modules()))
+
+    with trainguard.Hook(
+        tmp_path / "h",
+        include_collections=["losses", "relu_output", "gradients"],
+        save_config=SaveConfig(save_interval=3),
+    ) as hook:
+        hook.register_module(model)
+        model.register_forward_pre_hook(spy)  # runs after the hook's pre-hook
+        for _ in range(4):
+            model(torch.randn(2, 6)).sum().backward()
+    # due at 0 and 3: the relu hook and the top module's hook for gradients; none at 1 and 2
+    assert seen == [2, 0, 0, 2]
+
+
+def test_gradients_without_queue_callback_use_a_multi_gradient_hook(tmp_path, monkeypatch):
+    monkeypatch.setattr("trainguard.hook.torch_support._can_queue_callback", lambda torch: False)
+    record = {}
+    with trainguard.Hook(
+        tmp_path / "mg", include_collections=["gradients"], save_config=SaveConfig(save_interval=1)
+    ) as hook:
+        run(mlp(), hook, 2, record)
+    job = JobView(tmp_path / "mg")
+    want = float(np.abs(record[1]["grads"]["6.weight"].numpy()).mean())
+    assert job.stats(f"gradient/{smd('6.weight')}", 1).mean_abs == pytest.approx(want, rel=1e-5)
 
 
 def test_conv_relu_units_are_channels(tmp_path):
@@ -129,7 +173,7 @@ def test_conv_relu_units_are_channels(tmp_path):
     with trainguard.Hook(tmp_path / "cnn", include_collections=["relu_output"]) as hook:
         hook.register_module(model)
         model(torch.randn(4, 3, 8, 8))
-    stats = trainguard.create_trial(tmp_path / "cnn").tensor("1/relu_output").stats(0)
+    stats = JobView(tmp_path / "cnn").stats("1/relu_output", 0)
     assert len(stats.unit_active) == 5 and stats.samples == 4
 
 
@@ -142,46 +186,48 @@ def test_reused_relu_module_gets_suffixes(tmp_path):
         def forward(self, x):
             return self.act(self.b(self.act(self.a(x))))
 
+    net = Net()
     with trainguard.Hook(tmp_path / "r", include_collections=["relu_output"]) as hook:
-        hook.register_module(Net())
-        Net.forward(hook._torch.top, torch.randn(2, 4))
-        hook._torch.top(torch.randn(2, 4))
-    names = trainguard.create_trial(tmp_path / "r").tensor_names(step=0)
+        hook.register_module(net)
+        net(torch.randn(2, 4))
+    names = JobView(tmp_path / "r").tensor_names(step=0)
     assert names == ["act/relu_output", "act/relu_output_1"]
 
 
 def test_update_l2_when_weight_update_ratio_declared(tmp_path):
     rules = [{"RuleConfigurationName": "wur", "RuleParameters": {"rule_to_invoke": "WeightUpdateRatio"}}]
     record = {}
-    with trainguard.Hook(
-        tmp_path / "u", save_config=SaveConfig(save_interval=1), include_collections=["weights"], rules=rules
-    ) as hook:
+    with trainguard.Hook(tmp_path / "u", save_config=SaveConfig(save_interval=1), rules=rules) as hook:
         run(mlp(), hook, 3, record)
-    t = trainguard.create_trial(tmp_path / "u").tensor("0.weight")
-    assert t.stats(0).update_l2 is None
+    job = JobView(tmp_path / "u")
+    name = smd("0.weight")
+    assert job.stats(name, 0).update_l2 is None
     want = float(
         np.linalg.norm((record[2]["weights"]["0.weight"] - record[1]["weights"]["0.weight"]).numpy())
     )
-    assert t.stats(2).update_l2 == pytest.approx(want, rel=1e-5)
-    assert (
-        "update_l2"
-        in next(
-            c for c in trainguard.create_trial(tmp_path / "u").manifest.collections if c.name == "weights"
-        ).reductions
-    )
+    assert job.stats(name, 2).update_l2 == pytest.approx(want, rel=1e-5)
+    assert job.stats(name, 2).l2 is not None  # what WeightUpdateRatio reads, nothing more
+    assert job.stats(name, 2).mean is None
 
 
-def test_include_regex_saves_matching_module_outputs(tmp_path):
+def test_include_regex_matches_smdebug_names_and_plain_parameter_names(tmp_path):
     model = mlp()
     with trainguard.Hook(
         tmp_path / "x",
         include_collections=["losses"],
-        include_regex=["2_output_0", "gradient/6.*"],
+        include_regex=["2_output_0", "gradient/6.*", "Sequential_4.bias"],
         save_config=SaveConfig(save_interval=1),
     ) as hook:
         run(model, hook, 2)
-    names = trainguard.create_trial(tmp_path / "x").tensor_names(step=1, collection="default")
-    assert names == ["2_output_0", "gradient/6.bias", "gradient/6.weight"]
+    names = JobView(tmp_path / "x").tensor_names(step=1, collection="default")
+    # re.search, as smdebug matches: "Sequential_4.bias" also takes its gradient
+    assert names == [
+        "2_output_0",
+        smd("4.bias"),
+        f"gradient/{smd('4.bias')}",
+        f"gradient/{smd('6.bias')}",
+        f"gradient/{smd('6.weight')}",
+    ]
 
 
 def test_inputs_and_outputs_collections(tmp_path):
@@ -190,9 +236,33 @@ def test_inputs_and_outputs_collections(tmp_path):
         hook.register_module(model)
         x = torch.randn(3, 6)
         out = model(x)
-    trial = trainguard.create_trial(tmp_path / "io")
-    assert trial.tensor("model_input_0").stats(0).mean == pytest.approx(float(x.mean()), rel=1e-5)
-    assert trial.tensor("model_output_0").stats(0).max == pytest.approx(float(out.detach().max()), rel=1e-5)
+    job = JobView(tmp_path / "io")
+    assert job.stats("Sequential_input_0", 0).mean == pytest.approx(float(x.mean()), rel=1e-5)
+    assert job.stats("Sequential_output_0", 0).max == pytest.approx(float(out.detach().max()), rel=1e-5)
+
+
+def test_add_module_tensors_and_save_all(tmp_path):
+    model = mlp()
+    custom = Collection("custom", SaveConfig(save_interval=1))
+    custom.add_module_tensors(model[2], inputs=True, outputs=True)
+    with trainguard.Hook(tmp_path / "am", include_collections=["losses"], collections=[custom]) as hook:
+        run(model, hook, 1)
+    assert JobView(tmp_path / "am").tensor_names(collection="custom") == ["2_input_0", "2_output_0"]
+    with trainguard.Hook(tmp_path / "all", save_all=True, save_config=SaveConfig(save_interval=1)) as hook:
+        run(mlp(), hook, 1)
+    names = JobView(tmp_path / "all").tensor_names(collection="all")
+    assert {smd("0.weight"), f"gradient/{smd('0.weight')}", "0_output_0", "1_input_0"} <= set(names)
+
+
+def test_record_tensor_value_of_a_functional_loss(tmp_path):
+    model = mlp()
+    with trainguard.Hook(tmp_path / "f", include_collections=["losses"]) as hook:
+        hook.register_module(model)
+        out = model(torch.randn(4, 6))
+        loss = nn.functional.mse_loss(out, torch.zeros_like(out))
+        hook.record_tensor_value("my_loss", loss)
+    job = JobView(tmp_path / "f")
+    assert job.scalars(collection="losses") == {"my_loss_output_0": {0: pytest.approx(loss.item())}}
 
 
 def test_internal_error_in_torch_hook_disables_and_training_continues(tmp_path, monkeypatch, caplog):
@@ -200,11 +270,16 @@ def test_internal_error_in_torch_hook_disables_and_training_continues(tmp_path, 
         raise RuntimeError("kaput")
 
     monkeypatch.setattr("trainguard.hook.core.torch_stats", broken)
+    monkeypatch.setattr("trainguard.hook.core.torch_stats_many", broken)
     model = mlp()
-    with caplog.at_level(logging.ERROR, logger="trainguard.hook"), trainguard.Hook(tmp_path / "k") as hook:
+    with (
+        caplog.at_level(logging.ERROR, logger="trainguard.hook"),
+        trainguard.Hook(tmp_path / "k", save_config=SaveConfig(save_interval=1)) as hook,
+    ):
         run(model, hook, 4)
         assert hook.disabled
-        assert hook._torch.handles == []  # module hooks removed: no cost left in the loop
+        assert not model._forward_pre_hooks  # module hooks removed: no cost left in the loop
+        assert not any(m._forward_hooks for m in model.modules())
     assert caplog.text.count("disables itself") == 1
     assert all(math.isfinite(float(p.detach().sum())) for p in model.parameters())
 

@@ -15,6 +15,7 @@ import pytest
 xgb = pytest.importorskip("xgboost")
 
 import trainguard  # noqa: E402
+from segment_reader import JobView  # noqa: E402
 from trainguard.engine.replay import replay  # noqa: E402
 from trainguard.engine.sources import LocalJob  # noqa: E402
 from trainguard.format import layout  # noqa: E402
@@ -77,7 +78,7 @@ def balanced_job(tmp_path_factory):
 
 
 def test_writes_a_readable_job(balanced_job):
-    trial = trainguard.create_trial(balanced_job)
+    trial = JobView(balanced_job)
     assert trial.steps() == list(range(20))
     names = set(trial.tensor_names())
     assert {"train-rmse", "validation-rmse", "trees/Node", "trees/Depth"} <= names
@@ -131,7 +132,7 @@ def test_unused_features_count_as_zero_importance(tmp_path):
     x = rng.normal(size=(500, 8))
     y = np.sign(x[:, 0])
     train(tmp_path / "job", {"max_depth": 2}, x, y, collections=["feature_importance"], rounds=5)
-    trial = trainguard.create_trial(tmp_path / "job")
+    trial = JobView(tmp_path / "job")
     assert trial.scalars(mode="TRAIN")["feature_importance/weight/f7"][0] == 0.0
     assert judge(tmp_path / "job", [rule("FeatureImportanceOverweight")]) == {
         "FeatureImportanceOverweight": "IssuesFound"
@@ -167,7 +168,7 @@ def test_classification_labels_and_class_predictions(tmp_path):
     yv = np.digitize(xv[:, 0], [-0.5, 0.5])
     params = {"objective": "multi:softprob", "num_class": 3, "max_depth": 3}
     train(tmp_path / "mc", params, x, y, xv, yv, collections=["metrics", "losses", "labels", "predictions"])
-    trial = trainguard.create_trial(tmp_path / "mc")
+    trial = JobView(tmp_path / "mc")
     assert "validation-mlogloss" in trial.scalars(mode="EVAL")
     preds = trial.tensor("validation/predictions").stats(19, mode="EVAL")
     labels = trial.tensor("validation/labels").stats(19, mode="EVAL")
@@ -217,7 +218,7 @@ def test_respects_the_save_config(tmp_path):
             verbose_eval=False,
             callbacks=[TrainguardCallback(hook)],
         )
-    trial = trainguard.create_trial(tmp_path / "job")
+    trial = JobView(tmp_path / "job")
     scalars = trial.scalars(mode="TRAIN")
     assert sorted(scalars["train-rmse"]) == list(range(12))
     assert sorted(scalars["feature_importance/weight/f0"]) == [0, 5, 10]
@@ -242,7 +243,7 @@ def test_default_hook_gets_the_xgboost_collections(tmp_path):
             verbose_eval=False,
             callbacks=[TrainguardCallback(hook)],
         )
-    trial = trainguard.create_trial(tmp_path / "job")
+    trial = JobView(tmp_path / "job")
     names = trial.tensor_names()
     assert "train-rmse" in names and "trees/Node" in names and "feature_importance/weight/f0" in names
     assert trial.tensor("trees/Node").steps(mode="TRAIN") == [0]  # built-in: every 50 rounds
@@ -258,7 +259,7 @@ def test_cv_and_gblinear(tmp_path):
             nfold=2,
             callbacks=[TrainguardCallback(hook)],
         )
-    scalars = trainguard.create_trial(tmp_path / "cv").scalars(mode="TRAIN")
+    scalars = JobView(tmp_path / "cv").scalars(mode="TRAIN")
     assert sorted(scalars["train-rmse"]) == [0, 1, 2, 3]
     with trainguard.Hook(tmp_path / "lin", include_collections=ALL, stop_check_interval_s=0) as hook:
         dtrain = xgb.DMatrix(x, label=y)
@@ -271,7 +272,7 @@ def test_cv_and_gblinear(tmp_path):
             callbacks=[TrainguardCallback(hook, dtrain=dtrain)],
         )
         assert not hook.disabled
-    names = trainguard.create_trial(tmp_path / "lin").tensor_names()
+    names = JobView(tmp_path / "lin").tensor_names()
     assert "train-rmse" in names and "train/predictions" in names and "trees/Node" not in names
 
 
@@ -282,7 +283,7 @@ def test_sklearn_api(tmp_path):
         callback = TrainguardCallback(hook, train_set="validation_0")
         model = xgb.XGBRegressor(n_estimators=5, max_depth=2, n_jobs=1, callbacks=[callback])
         model.fit(x, y, eval_set=[(x, y)], verbose=False)
-    assert "validation_0-rmse" in trainguard.create_trial(tmp_path / "sk").scalars(mode="TRAIN")
+    assert "validation_0-rmse" in JobView(tmp_path / "sk").scalars(mode="TRAIN")
 
 
 def test_stop_request_ends_training_the_xgboost_way(tmp_path):
@@ -309,8 +310,8 @@ def test_stop_request_ends_training_the_xgboost_way(tmp_path):
         )
     # the signal arrived during round 2: XGBoost stops after it, returning the booster
     assert booster.num_boosted_rounds() == 3
-    assert trainguard.create_trial(tmp_path / "job").steps() == [0, 1]
-    assert trainguard.create_trial(tmp_path / "job").end_markers()[0].stopped
+    assert JobView(tmp_path / "job").steps() == [0, 1]
+    assert JobView(tmp_path / "job").end_markers()[0].stopped
 
 
 def test_a_failing_part_is_switched_off_not_the_training(tmp_path, caplog, monkeypatch):
@@ -326,7 +327,7 @@ def test_a_failing_part_is_switched_off_not_the_training(tmp_path, caplog, monke
             rounds=4,
         )
     assert sum("cannot save the XGBoost trees" in r.getMessage() for r in caplog.records) == 1
-    trial = trainguard.create_trial(tmp_path / "job")
+    trial = JobView(tmp_path / "job")
     assert "trees/Node" not in trial.tensor_names()
     assert sorted(trial.scalars(mode="TRAIN")["feature_importance/weight/f0"]) == [0, 1, 2, 3]
 
@@ -357,5 +358,5 @@ def test_example_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINGUARD_OUT_DIR", str(tmp_path / "example"))
     module = runpy.run_path(str(EXAMPLES / "xgboost_train.py"))
     assert module["main"](rounds=15) == 0
-    trial = trainguard.create_trial(tmp_path / "example")
+    trial = JobView(tmp_path / "example")
     assert len(trial.scalars(mode="EVAL")["validation-rmse"]) == 15

@@ -16,6 +16,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from trainguard import Collection, SaveConfig  # noqa: E402
 from trainguard.integrations.lightning import TrainguardCallback  # noqa: E402
+from trainguard.trial import TensorUnavailableForStep  # noqa: E402
 
 
 def blobs(n: int, seed: int) -> torch.utils.data.TensorDataset:
@@ -119,6 +120,10 @@ def test_losses_metrics_weights_gradients_and_activations(tmp_path, job_dir):
     assert relu.steps(mode="TRAIN") == [2, 4, 6, 8]
     assert len(relu.stats(2, mode="TRAIN").unit_active) == 32
     assert trial.end_markers()[0].dropped_objects == 0
+    # what a callback captures is statistics, not full tensors; the manifest names the framework
+    with pytest.raises(TensorUnavailableForStep, match="only statistics were saved"):
+        trial.tensor("net.0.weight").value(2, mode="TRAIN")
+    assert "lightning" in {f.name for f in trial.manifest.frameworks}
 
 
 def test_gradients_match_the_module_at_the_optimizer_step(tmp_path, job_dir):
@@ -129,7 +134,10 @@ def test_gradients_match_the_module_at_the_optimizer_step(tmp_path, job_dir):
             seen[trainer.global_step + 1] = float(pl_module.net[0].weight.grad.norm())
 
     callback = TrainguardCallback(
-        out_dir=job_dir, stop_check_interval_s=0, save_config=SaveConfig(save_interval=1)
+        out_dir=job_dir,
+        stop_check_interval_s=0,
+        save_config=SaveConfig(save_interval=1),
+        statistics="all",  # the default rules read no gradient norm: ask for every statistic
     )
     fit(tmp_path, [Probe(), callback], max_steps=3, accumulate_grad_batches=3, limit_val_batches=0)
     grad = trainguard.create_trial(job_dir).tensor("gradient/net.0.weight")

@@ -269,3 +269,15 @@ def test_the_hook_carries_the_sdks_rules_to_the_service_unchanged(tmp_path, name
     stored = create_trial(tmp_path / "hook-sdk").manifest.rules
     assert stored == entries  # the manifest holds the SDK's entries as they are
     assert all(c.error is None for c in parse_rule_configurations(stored))
+
+
+def test_the_hook_takes_a_whole_create_training_job_request(tmp_path):
+    import trainguard
+    from trainguard.trial import create_trial
+
+    doc = request("mixed_with_actions.json")  # as estimator.fit sends it: both lists and the hook config
+    with trainguard.Hook(tmp_path / "whole-request", rules=doc) as hook:
+        hook.save_scalar("loss", 1.0)
+    assert create_trial(tmp_path / "whole-request").manifest.rules == normalize_rules(doc).entries()
+    with pytest.raises(RulesFormatError, match="expected a list of rule configurations or an object"):
+        trainguard.Hook(tmp_path / "not-rules", rules="LossNotDecreasing")  # type: ignore[arg-type]

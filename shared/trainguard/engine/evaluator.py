@@ -24,6 +24,7 @@ nothing touches AWS.
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import json
 import math
 import os
@@ -32,7 +33,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from trainguard.engine.events import JobStatusDetail, RuleStatusDetail, RuleStatusEntry, Status
+from trainguard.engine.events import (
+    FINAL_STATUSES,
+    JobStatusDetail,
+    RuleStatusDetail,
+    RuleStatusEntry,
+    Status,
+)
 from trainguard.engine.model import (
     HeaderReader,
     JobInfo,
@@ -46,13 +53,18 @@ from trainguard.engine.model import (
 )
 from trainguard.format.documents import EndMarker, Manifest, Mode, SegmentHeader, StepHeader
 from trainguard.rules.base import AnyRule, Coverage, Finding, Rule, StepData, SystemRule, fmt, merge_coverage
-from trainguard.rules.config import ConfiguredRule, parse_rule_configurations
+from trainguard.rules.config import MAX_RULES_PER_JOB, ConfiguredRule, parse_rule_configurations
 from trainguard.rules.profiler.base import ProfilerRule
 
 #: at most this many steps per advance call, so one invocation's work stays bounded
 MAX_STEPS_PER_ADVANCE = 20_000
 #: invalid-object reasons kept in the job state (the first ones; the count goes on)
 MAX_INVALID_REASONS = 20
+#: a job's rule configurations, as JSON: the state item (400 KB) holds them with every rule's
+#: state, so a manifest whose rules are larger ends each rule Error when it arrives
+MAX_RULE_CONFIG_BYTES = 64 * 1024
+#: StatusDetails, as SageMaker bounds it
+MAX_DETAILS_CHARS = 1024
 #: at most one point per scalar per this many seconds of training time goes to the metrics
 #: (a job saving its loss 100 times a second must not write 100 metric records a second)
 METRIC_INTERVAL_S = 1.0
@@ -115,7 +127,12 @@ def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
     new = state.model_copy(deep=True)
     new.info = JobInfo.from_manifest(manifest)
     new.created = manifest.created
+    new.last_activity = now
     out = Outcome(new, changed=True)
+    size = rule_configuration_bytes(manifest.rules)
+    if size > MAX_RULE_CONFIG_BYTES:
+        _refuse_rule_configurations(out, manifest.rules or [], size, now)
+        return out
     for configured in _configured(new.info):
         record = RuleRecord(
             name=configured.configuration_name,
@@ -134,7 +151,43 @@ def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
     return out
 
 
-def apply_end(state: JobState, marker: EndMarker) -> Outcome:
+def _refuse_rule_configurations(out: Outcome, entries: list[Any], size: int, now: float) -> None:
+    """Rule configurations too large to keep: every rule ends Error, saying why (nothing is kept)."""
+    state = out.state
+    assert state.info is not None
+    state.info = state.info.model_copy(update={"rules": []})  # [] (not None: the default rules)
+    reason = (
+        f"RuleConfigurationError: the job's rule configurations are {size:,} bytes of JSON; at most "
+        f"{MAX_RULE_CONFIG_BYTES:,} fit the job's state (one DynamoDB item of 400 KB holds every "
+        "rule's configuration and state). Shorten the parameters and start the job again."
+    )
+    seen: set[str] = set()
+    for index, entry in enumerate(entries[: MAX_RULES_PER_JOB + 1]):
+        name, rule = f"rule-{index}", "?"
+        if isinstance(entry, dict):
+            given = entry.get("RuleConfigurationName")
+            params = entry.get("RuleParameters")
+            if isinstance(given, str) and 1 <= len(given) <= 256:
+                name = given
+            invoked = params.get("rule_to_invoke") if isinstance(params, dict) else None
+            if isinstance(invoked, str) and 1 <= len(invoked) <= 256:
+                rule = invoked
+        if name in seen:
+            name = f"{name}#{index}"
+        seen.add(name)
+        record = RuleRecord(name=name, rule=rule, status="InProgress", modified=now)
+        _set_status(out, record, "Error", reason, now, previous=None)
+        state.rules.append(record)
+
+
+def rule_configuration_bytes(rules: list[dict[str, Any]] | None) -> int:
+    """Bytes of a job's rule configurations as the state stores them (JSON, UTF-8)."""
+    if rules is None:
+        return 0
+    return len(json.dumps(rules, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def apply_end(state: JobState, marker: EndMarker, now: float | None = None) -> Outcome:
     if marker.worker in state.ended:
         return Outcome(state)
     new = state.model_copy(deep=True)
@@ -142,7 +195,107 @@ def apply_end(state: JobState, marker: EndMarker) -> Outcome:
     if marker.system_batches is not None:
         new.system_batches[marker.worker] = marker.system_batches
     new.stopped = new.stopped or marker.stopped
+    new.add_dropped(marker.dropped)
+    new.dropped_objects += marker.dropped_objects
+    if now is not None:
+        new.last_activity = now
     return Outcome(new, changed=True)
+
+
+def apply_stale(state: JobState, now: float, last_activity: float, idle_s: float) -> Outcome:
+    """End a job that has sent nothing for ``idle_s`` seconds (it crashed without end markers).
+
+    Every rule still evaluating ends ``Error`` (``Stopped`` if a stop was requested), and its
+    details say exactly why: how long the job was silent, which workers never sent an end
+    marker, and how far the rule got. A rule that already found issues keeps its verdict.
+    """
+    if state.finished or now - last_activity < idle_s:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    out = Outcome(new, changed=True)
+    new.finished = True
+    silent = _duration(now - last_activity)
+    when = _utc(last_activity)
+    if new.info is None:
+        new.end_reason = f"no manifest.json and nothing new for {silent} (since {when})"
+        return out
+    missing = [w for w in range(new.info.world_size) if w not in new.ended]
+    workers = _ranks(missing)
+    new.end_reason = (
+        f"the job sent nothing for {silent} (since {when}) and {workers} never sent an end marker"
+    )
+    for record in new.rules:
+        if record.status == "Stopping":
+            _set_status(
+                out,
+                record,
+                "Stopped",
+                f"JobStale: the job was being stopped and then sent nothing for {silent}; it is "
+                f"treated as stopped after {new.steps_evaluated:,} steps (last step {new.watermark}).",
+                now,
+            )
+        elif record.status == "InProgress":
+            _set_status(
+                out,
+                record,
+                "Error",
+                f"JobStale: the job sent nothing for {silent} (since {when}) and {workers} never "
+                f"sent an end marker (crashed or killed?), so {record.rule} could not finish: it "
+                f"evaluated {new.steps_evaluated:,} steps (last step {new.watermark}) without finding "
+                "issues, but a job that did not end has not passed.",
+                now,
+            )
+    return out
+
+
+def _duration(seconds: float) -> str:
+    days = seconds / 86400
+    if days >= 1:
+        return f"{days:.1f} days"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def _utc(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _ranks(workers: list[int]) -> str:
+    if not workers:
+        return "no worker"
+    shown = ", ".join(str(w) for w in workers[:8]) + (
+        f" and {len(workers) - 8} more" if len(workers) > 8 else ""
+    )
+    return f"worker{'s' if len(workers) > 1 else ''} {shown}"
+
+
+def shed_largest_rule_state(state: JobState, now: float, nbytes: int, limit: int) -> Outcome:
+    """The job's state no longer fits one item: the rule with the largest state ends Error.
+
+    A rule's state must stay bounded; one that grew past what the item holds cannot be
+    stored, so it stops with the reason (the others go on). No rule left to shed: unchanged.
+    """
+    candidates = [r for r in state.rules if r.state is not None or r.worker_states]
+    if not candidates:
+        return Outcome(state)
+    new = state.model_copy(deep=True)
+    out = Outcome(new)
+    sizes = {r.name: len(json.dumps([r.state, r.worker_states], default=str)) for r in new.rules}
+    record = max(
+        (r for r in new.rules if r.state is not None or r.worker_states), key=lambda r: sizes[r.name]
+    )
+    record.state, record.worker_states = None, {}
+    if record.status in ("InProgress", "Stopping"):
+        _set_status(
+            out,
+            record,
+            "Error",
+            f"RuleStateTooLarge: the job's state grew to {nbytes:,} bytes (at most {limit:,} fit one "
+            f"DynamoDB item); {record.rule}'s state was the largest ({sizes[record.name]:,} bytes of "
+            "JSON), so the rule stopped here.",
+            now,
+        )
+    out.changed = True
+    return out
 
 
 def record_invalid(state: JobState, reason: str) -> Outcome:
@@ -215,13 +368,15 @@ def advance(
     system: Iterable[SystemArrival] = (),
     other_steps: OtherSteps | None = None,
     headers: HeaderReader | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Evaluate every step that is complete, in order; finish the job when all workers ended.
 
     ``arrivals``: what is buffered for the job, step objects (format 1) and segments
     (format 2), in any order, duplicates allowed. ``headers`` reads the header of an arrival
     that carries none (a pointer from the state table). At most ``max_steps`` steps are
-    evaluated (None: no limit); the caller advances again.
+    evaluated (None: no limit), and none after ``out_of_time()`` says the caller's time
+    budget is spent; the caller advances again.
     """
     out = Outcome(state.model_copy(deep=True))
     new = out.state
@@ -264,6 +419,8 @@ def advance(
     last_metric: float | None = None
     while budget > 0:
         budget -= 1
+        if out_of_time is not None and out_of_time():
+            break  # what was evaluated so far is committed; the rest waits for the next call
         nexts: dict[int, int] = {}
         blocked = False
         for worker in range(world):
@@ -287,6 +444,7 @@ def advance(
         new.watermark = max(new.watermark, step)
         out.changed = True
         if contributed:
+            new.last_activity = now
             new.steps_evaluated += 1
             data = StepData.from_headers(contributed)
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
@@ -358,6 +516,7 @@ class _StepChain(_Chain):
         self.state.frontier[self.worker] = step
         self.out.consumed.append((step, self.worker))
         if arrival.bad is not None:
+            self._unreadable(arrival.bad)  # said once (the ingest may have said it already)
             return None
         if arrival.header is not None:
             return arrival.header
@@ -401,6 +560,7 @@ class _SegmentChain(_Chain):
     def _open(self, arrival: SegmentArrival) -> None:
         self.opened, self.header, self.index = arrival, None, 0
         if arrival.bad is not None:
+            self._unreadable(arrival.bad)  # said once (the ingest may have said it already)
             return
         header = arrival.header
         if header is None:
@@ -422,6 +582,8 @@ class _SegmentChain(_Chain):
         self.index = bisect.bisect_right(header.steps, frontier, key=lambda entry: entry.step)
 
     def _finish(self, arrival: SegmentArrival) -> None:
+        if self.header is not None:  # counted once: the chain passes each seq once
+            self.state.add_dropped(self.header.dropped)
         self.state.segment_frontier[self.worker] = arrival.seq
         self.state.frontier[self.worker] = max(self._frontier(), arrival.last_step)
         self.out.consumed_segments.append(arrival)
@@ -472,6 +634,9 @@ def _advance_system(
             state.system_frontier[worker] = seq
             out.consumed_system.append((worker, seq))
             out.changed = True
+            if arrival.batch is not None:  # the monitor's own drops count like the hook's (once per seq)
+                drops = {"system_samples": arrival.batch.dropped_samples}
+                state.add_dropped({**drops, "system_events": arrival.batch.dropped_events})
             if arrival.batch is None or worker >= MAX_PROFILED_WORKERS:
                 continue
             for record in state.rules:
@@ -540,10 +705,11 @@ def _evaluate_step(
             rule_state, findings = rule.update(rule_state, data)
             other_job = rule.compares_with()
             if other_job is not None and other_steps is not None and not findings:
-                # a cross-job rule: the other job's data must be written already (a reference run)
+                # a cross-job rule: the other job's data must be written already (a reference run).
+                # A step it lacks is None (the rule counts it); a job that did not allow the
+                # comparison, or cannot be read, raises: this rule ends Error with the reason.
                 other = other_steps(other_job, data.step)
-                if other is not None:
-                    rule_state, findings = rule.compare(rule_state, data, other)
+                rule_state, findings = rule.compare(rule_state, data, other)
             out.rule_states.keep(record, rule, rule_state)
         except Exception as exc:  # a rule bug or data it cannot handle: Error for this rule only
             out.rule_states.discard(record)
@@ -659,7 +825,12 @@ def _set_status(
 ) -> None:
     before: Status | None = record.status if previous == "same" else None
     record.status = status
-    record.details = details[:1024]
+    dropped = out.state.dropped_summary() if status in FINAL_STATUSES else ""
+    if dropped:
+        # a verdict on data the hook could not record completely says so
+        note = f" The hook dropped {dropped}: this verdict does not cover them."
+        details = details[: MAX_DETAILS_CHARS - len(note)] + note
+    record.details = details[:MAX_DETAILS_CHARS]
     record.modified = now
     record.transitions += 1
     out.changed = True
@@ -715,6 +886,9 @@ def build_job_event(state: JobState, now: float) -> JobStatusDetail:
         StepsEvaluated=state.steps_evaluated,
         LastModifiedTime=now,
         DebugRuleEvaluationStatuses=_status_entries(state),
+        Dropped=dict(state.dropped),
+        DroppedObjects=state.dropped_objects,
+        EndReason=state.end_reason,
     )
 
 

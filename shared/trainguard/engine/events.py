@@ -87,8 +87,54 @@ class JobStatusDetail(BaseModel):
     StepsEvaluated: int
     LastModifiedTime: float
     DebugRuleEvaluationStatuses: list[RuleStatusEntry] = Field(default_factory=list, max_length=50)
+    #: values the hook could not record, by reason (segments and end markers); {} when none
+    Dropped: dict[str, int] = Field(default_factory=dict, max_length=33)
+    #: objects the hook's uploader could not deliver
+    DroppedObjects: int = 0
+    #: why the evaluation ended when the job did not end by itself (it went silent); None when
+    #: every worker sent its end marker
+    EndReason: str | None = Field(default=None, max_length=1024)
 
 
 def detail_type(detail_json: str) -> str:
     """The DetailType of a stored detail, from its schema."""
     return JOB_DETAIL_TYPE if f'"Schema":"{JOB_SCHEMA}"' in detail_json else DETAIL_TYPE
+
+
+#: PutEvents: each entry, and all entries of one request together, below 256 KB as EventBridge
+#: counts them (UTF-8 bytes of Source, DetailType and Detail); kept with a margin for the
+#: JSON envelope EventBridge adds around the detail
+MAX_REQUEST_BYTES = 256_000
+#: one event's detail is cut down to this before it is stored in the outbox
+MAX_DETAIL_BYTES = 200 * 1024
+
+
+def entry_bytes(detail_json: str) -> int:
+    """The size of one PutEvents entry as EventBridge counts it (no Time, no Resources)."""
+    return len(EVENT_SOURCE) + len(detail_type(detail_json).encode()) + len(detail_json.encode())
+
+
+def fit_detail(detail: RuleStatusDetail | JobStatusDetail, limit: int = MAX_DETAIL_BYTES) -> str:
+    """The detail as JSON, within ``limit`` bytes: what does not fit is the list of every rule.
+
+    The rule's own fields always stay whole (its status, details, step, value); the other
+    rules' ``StatusDetails`` in ``DebugRuleEvaluationStatuses`` are shortened (to 256, then 32
+    characters, then none) until the event fits. Names are bounded (256 characters, 50
+    rules), so the shortest form always fits.
+    """
+    text = detail.model_dump_json()
+    if len(text.encode()) <= limit:
+        return text
+    for keep in (256, 32, 0):
+        entries = [
+            entry.model_copy(update={"StatusDetails": _clip(entry.StatusDetails, keep)})
+            for entry in detail.DebugRuleEvaluationStatuses
+        ]
+        text = detail.model_copy(update={"DebugRuleEvaluationStatuses": entries}).model_dump_json()
+        if len(text.encode()) <= limit:
+            return text
+    raise ValueError(f"event {detail.EventId[:200]!r} is {len(text.encode())} bytes; at most {limit}")
+
+
+def _clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else (text[: max(chars - 1, 0)] + "…" if chars else "")

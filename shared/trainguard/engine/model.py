@@ -16,6 +16,11 @@ from trainguard.format.documents import Manifest, Mode, SegmentHeader, StepHeade
 from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
+#: distinct drop reasons kept per job (a hostile hook could invent a new one per segment)
+MAX_DROP_REASONS = 32
+#: the reason under which drops beyond ``MAX_DROP_REASONS`` reasons are counted
+OTHER_DROP_REASON = "other"
+
 
 class RuleRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
@@ -95,15 +100,56 @@ class JobState(BaseModel):
     last_data_time: float | None = None
     #: objects that could not be read, with the reason (bounded)
     invalid_objects: list[str] = Field(default_factory=list, max_length=20)
+    #: values the hook could not record, by reason, summed over the segments evaluated and
+    #: the end markers (at most ``MAX_DROP_REASONS`` reasons; the rest count as "other")
+    dropped: dict[str, int] = Field(default_factory=dict, max_length=MAX_DROP_REASONS + 1)
+    #: objects the hook's uploader could not deliver (end markers' ``dropped_objects``)
+    dropped_objects: int = 0
+    #: the service's clock when data last arrived for the job (manifest, end marker, a step
+    #: evaluated); with the buffered items' arrival times, it decides when a job went silent
+    last_activity: float | None = None
+    #: why the job ended when it did not end by itself (every worker's end marker)
+    end_reason: str | None = None
 
     def rule(self, name: str) -> RuleRecord:
         return next(r for r in self.rules if r.name == name)
+
+    def add_dropped(self, counts: dict[str, int]) -> None:
+        """Add a segment's or end marker's drop counts (bounded in reasons)."""
+        for reason, count in counts.items():
+            if count <= 0:
+                continue
+            key = (
+                reason
+                if reason in self.dropped or len(self.dropped) < MAX_DROP_REASONS
+                else OTHER_DROP_REASON
+            )
+            self.dropped[key] = self.dropped.get(key, 0) + count
+
+    def dropped_summary(self) -> str:
+        """``"120 values (queue_full: 100, nonfinite_stats: 20) and 2 objects"``, or "" when none."""
+        return dropped_text(self.dropped, self.dropped_objects)
 
     @property
     def training_status(self) -> str:
         if self.finished:
             return "Stopped" if self.stopped or self.stop_requested else "Completed"
         return "InProgress"
+
+
+def dropped_text(dropped: dict[str, int], objects: int = 0) -> str:
+    """Drop counts as a person reads them (the three largest reasons, then how many more)."""
+    parts: list[str] = []
+    values = sum(dropped.values())
+    if values:
+        ranked = sorted(dropped.items(), key=lambda i: (-i[1], i[0]))
+        reasons = ", ".join(f"{r[:40]}: {n:,}" for r, n in ranked[:3])
+        if len(ranked) > 3:
+            reasons += f", {len(ranked) - 3} more reasons"
+        parts.append(f"{values:,} value{'' if values == 1 else 's'} ({reasons})")
+    if objects:
+        parts.append(f"{objects:,} object{'' if objects == 1 else 's'} not delivered")
+    return " and ".join(parts)
 
 
 class UnreadableObject(ValueError):
@@ -127,6 +173,8 @@ class StepArrival:
     bad: str | None = None
     size: int = 0
     header_end: int = 0
+    #: the service's clock when it arrived (0: unknown)
+    at: float = 0.0
 
     @property
     def key(self) -> str:
@@ -151,6 +199,8 @@ class SegmentArrival:
     bad: str | None = None
     size: int = 0
     header_end: int = 0
+    #: the service's clock when it arrived (0: unknown)
+    at: float = 0.0
 
     @property
     def key(self) -> str:
@@ -178,6 +228,8 @@ class SystemArrival:
     seq: int
     batch: SystemBatch | None
     bad: str | None = None
+    #: the service's clock when it arrived (0: unknown)
+    at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def replay(
         if arrival.bad is not None:
             state = take(record_invalid(state, arrival.bad))
             warnings.append(arrival.bad)
-    other_steps = OtherJobs(open_job or sibling_opener(source))
+    other_jobs = OtherJobs(open_job or sibling_opener(source))
     seen = set(state.invalid_objects)
     state = take(
         advance(
@@ -127,10 +127,10 @@ def replay(
             now,
             max_steps=None,
             system=system,
-            other_steps=other_steps,
+            other_steps=other_jobs.for_job(state.job),
             headers=SourceHeaders(source),
         )
     )
     warnings += [reason for reason in state.invalid_objects if reason not in seen]
-    warnings += other_steps.problems
+    warnings += other_jobs.problems
     return ReplayResult(state, transitions, warnings)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import fnmatch
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from trainguard.format.documents import (
     parse_document,
 )
 from trainguard.format.layout import ObjectKind, ObjectRef, parse_relative, relative_key
-from trainguard.format.system import parse_system_batch
+from trainguard.format.system import MAX_SYSTEM_BYTES, parse_system_batch
 from trainguard.rules.base import StepData
 
 #: a step object or segment larger than this is refused outright (S3's largest single PUT;
@@ -160,6 +162,20 @@ def _short_text(text: str) -> str:
     return " | ".join(text.splitlines()[:4])[:500]
 
 
+def document_limit(ref: ObjectRef) -> int:
+    """The most bytes a JSON document of this kind may have (read no more than one past it)."""
+    return MAX_SYSTEM_BYTES if ref.kind is ObjectKind.SYSTEM else MAX_DOCUMENT_BYTES
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """A file's bytes, refused past ``limit`` without reading more than ``limit + 1`` of them."""
+    with path.open("rb") as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ObjectError(f"{path.name} is larger than {limit} bytes")
+    return raw
+
+
 def header_probe_bytes(ref: ObjectRef) -> int:
     """How many bytes the first read of an object fetches: enough for most headers."""
     return stepfile.SEGMENT_PROBE_BYTES if ref.kind is ObjectKind.SEGMENT else stepfile.HEADER_PROBE_BYTES
@@ -201,8 +217,9 @@ class LocalJob:
         job = root.name
         manifest = root / "manifest.json"
         if manifest.is_file():
-            with contextlib.suppress(ObjectError):  # a bad manifest: the folder name is the job
-                job = read_manifest(manifest.read_bytes()).job
+            # a bad manifest: the folder name is the job (replay reports the manifest's problem)
+            with contextlib.suppress(ObjectError):
+                job = read_manifest(read_bounded(manifest, MAX_DOCUMENT_BYTES)).job
         return LocalJob(root, job)
 
     def objects(self) -> Iterator[ObjectRef]:
@@ -228,10 +245,7 @@ class LocalJob:
         return prefix, size
 
     def document(self, ref: ObjectRef) -> bytes:
-        path = self.root / relative_key(ref)
-        if path.stat().st_size > MAX_DOCUMENT_BYTES:
-            raise ObjectError(f"{relative_key(ref)} is larger than {MAX_DOCUMENT_BYTES} bytes")
-        return path.read_bytes()
+        return read_bounded(self.root / relative_key(ref), document_limit(ref))
 
     def sibling(self, name: str) -> JobSource:
         if name.startswith("s3://"):
@@ -295,30 +309,93 @@ def pointer_of(ref: ObjectRef) -> SegmentArrival:
 
 #: headers of another job kept per process for SimilarAcrossRuns (a segment's serves many steps)
 OTHER_JOB_HEADERS = 64
+#: other jobs whose listing (and permission) a process keeps, and for how long: a reference
+#: job written later, or a permission changed, is seen again after this
+OTHER_JOBS_KEPT = 16
+OTHER_JOB_TTL_S = 300.0
+#: error codes that mean "you may not read this", whatever the store
+_DENIED = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "NoSuchBucket"})
+
+
+class ComparisonRefused(ObjectError):
+    """Another job cannot be compared with: it did not allow it, or it cannot be read.
+
+    The cross-job rule that asked ends ``Error`` with this reason: a rule cannot have
+    passed a job it never compared.
+    """
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _denied(exc: BaseException) -> bool:
+    return isinstance(exc, PermissionError) or _error_code(exc) in _DENIED
+
+
+def comparison_allowed(manifest: Manifest, requester: str) -> bool:
+    """Whether ``manifest``'s job lets ``requester`` compare with it (``allow_comparison_from``)."""
+    return any(fnmatch.fnmatchcase(requester, pattern) for pattern in manifest.allow_comparison_from)
 
 
 class OtherJobs:
     """The same step of another, already written job (SimilarAcrossRuns's ``other_trials``).
 
-    ``opener`` turns a job name (or an s3:// URI / folder) into its JobSource. A job that
-    cannot be opened, or a step it does not hold, is None: that step is not compared, and
-    the reason is kept in ``problems`` (replay prints them).
+    ``opener`` turns a job name (or, in replay, an s3:// URI / folder) into its JobSource.
+
+    Authorisation: a job names the job it compares with in its own rule configuration, so
+    naming is not permission. The other job must allow it: its manifest's
+    ``allow_comparison_from`` lists the requesting job's name (or a ``*`` pattern matching
+    it). The other job's data never leaves the comparison: the rule reports that a tensor
+    differs, not the other job's values.
+
+    :meth:`for_job` gives the ``(job, step) -> StepData | None`` function of one requesting
+    job. A job that refused, or that cannot be read (AccessDenied, no manifest, not a job),
+    raises :class:`ComparisonRefused`; a step it does not hold is None (not compared; the
+    rule counts it), with the reason kept in ``problems`` when an object was unreadable.
     """
 
-    def __init__(self, opener: Callable[[str], JobSource]) -> None:
+    def __init__(
+        self,
+        opener: Callable[[str], JobSource],
+        clock: Callable[[], float] = time.monotonic,
+        ttl_s: float = OTHER_JOB_TTL_S,
+    ) -> None:
         self.opener = opener
-        self._jobs: dict[str, _IndexedJob | None] = {}
+        self.clock = clock
+        self.ttl_s = ttl_s
+        #: job -> (opened at, the listing and manifest, or the reason it cannot be used)
+        self._jobs: OrderedDict[str, tuple[float, _IndexedJob | ComparisonRefused]] = OrderedDict()
         self._headers: OrderedDict[tuple[str, str], SegmentHeader | StepHeader | None] = OrderedDict()
         self.problems: list[str] = []
 
-    def _job(self, job: str) -> _IndexedJob | None:
-        if job not in self._jobs:
+    def for_job(self, requester: str) -> Callable[[str, int], StepData | None]:
+        """The other-job reader of the job ``requester`` (its permission is checked per call)."""
+        return lambda job, step: self.step(requester, job, step)
+
+    def _job(self, job: str) -> _IndexedJob:
+        now = self.clock()
+        kept = self._jobs.get(job)
+        if kept is None or now - kept[0] > self.ttl_s:
+            indexed: _IndexedJob | ComparisonRefused
             try:
-                self._jobs[job] = _IndexedJob.open(self.opener(job))
-            except Exception as exc:  # the comparison is skipped, with the reason kept
-                self._jobs[job] = None
-                self._problem(f"other job {job!r} cannot be read: {type(exc).__name__}: {_short(exc)}")
-        return self._jobs[job]
+                indexed = _IndexedJob.open(self.opener(job))
+            except ComparisonRefused as exc:
+                indexed = exc
+            except Exception as exc:  # denied, gone, not a job: the rule says so (never skipped)
+                what = "is not readable" if _denied(exc) else "cannot be read"
+                indexed = ComparisonRefused(f"job {job!r} {what}: {type(exc).__name__}: {_short(exc)}")
+            kept = (now, indexed)
+            self._jobs[job] = kept
+            while len(self._jobs) > OTHER_JOBS_KEPT:
+                self._jobs.popitem(last=False)
+        self._jobs.move_to_end(job)
+        if isinstance(kept[1], ComparisonRefused):
+            raise kept[1]
+        return kept[1]
 
     def _problem(self, text: str) -> None:
         if len(self.problems) < 20 and text not in self.problems:
@@ -336,17 +413,29 @@ class OtherJobs:
                 header = decode_segment_object(ref, head, size)[0]
             else:
                 header = decode_step_object(ref, head, size)[0]
-        except Exception as exc:  # gone, unreadable: not compared, with the reason kept
+        except Exception as exc:
+            if _denied(exc):  # a permission problem is not a missing step: never skipped silently
+                raise ComparisonRefused(
+                    f"job {indexed.source.job!r}: {relative_key(ref)} is not readable: "
+                    f"{type(exc).__name__}: {_short(exc)}"
+                ) from None
+            # gone or malformed: this step is not compared (the rule counts it), the reason kept
             self._problem(f"other job {indexed.source.job!r}: {relative_key(ref)}: {_short(exc)}")
         self._headers[cache_key] = header
         while len(self._headers) > OTHER_JOB_HEADERS:
             self._headers.popitem(last=False)
         return header
 
-    def __call__(self, job: str, step: int) -> StepData | None:
+    def step(self, requester: str, job: str, step: int) -> StepData | None:
+        """``job``'s data at ``step`` for a rule of ``requester``; raises ComparisonRefused."""
+        if job == requester:
+            raise ComparisonRefused(f"job {job!r} cannot be compared with itself")
         indexed = self._job(job)
-        if indexed is None:
-            return None
+        if not comparison_allowed(indexed.manifest, requester):
+            raise ComparisonRefused(
+                f"job {job!r} does not allow comparison from job {requester!r}: its manifest's "
+                f"allow_comparison_from must name {requester!r} (or a pattern matching it)"
+            )
         headers: list[StepHeader] = []
         for ref in indexed.refs_at(step):
             header = self._header(indexed, ref)
@@ -359,20 +448,37 @@ class OtherJobs:
         return StepData.from_headers(headers) if headers else None
 
 
+#: objects of another job a process indexes for one comparison (a bigger job is refused)
+MAX_OTHER_JOB_OBJECTS = 1_000_000
+
+
 @dataclass
 class _IndexedJob:
-    """Another job's listing: which object holds each worker's step."""
+    """Another job's manifest and listing: which object holds each worker's step."""
 
     source: JobSource
+    manifest: Manifest
     steps: dict[int, list[int]]  # step -> workers (format 1)
     segments: dict[int, list[ObjectRef]]  # worker -> segments in step order (format 2)
     firsts: dict[int, list[int]]
 
     @staticmethod
     def open(source: JobSource) -> _IndexedJob:
+        try:
+            raw = source.document(ObjectRef(source.job, ObjectKind.MANIFEST))
+        except (FileNotFoundError, KeyError) as exc:
+            raise ComparisonRefused(
+                f"job {source.job!r} has no manifest.json, so it has not allowed comparison ({_short(exc)})"
+            ) from None
+        try:
+            manifest = read_manifest(raw)
+        except ObjectError as exc:
+            raise ComparisonRefused(f"job {source.job!r}: {exc}") from None
         steps: dict[int, list[int]] = {}
         segments: dict[int, list[ObjectRef]] = {}
-        for ref in source.objects():
+        for count, ref in enumerate(source.objects()):
+            if count >= MAX_OTHER_JOB_OBJECTS:
+                raise ComparisonRefused(f"job {source.job!r} holds more than {MAX_OTHER_JOB_OBJECTS} objects")
             if ref.kind is ObjectKind.STEP and ref.step is not None and ref.worker is not None:
                 steps.setdefault(ref.step, []).append(ref.worker)
             elif ref.kind is ObjectKind.SEGMENT and ref.worker is not None:
@@ -380,7 +486,7 @@ class _IndexedJob:
         for refs in segments.values():
             refs.sort(key=lambda r: (r.step or 0, r.seq or 0))
         firsts = {w: [r.step or 0 for r in refs] for w, refs in segments.items()}
-        return _IndexedJob(source, steps, segments, firsts)
+        return _IndexedJob(source, manifest, steps, segments, firsts)
 
     def refs_at(self, step: int) -> list[ObjectRef]:
         refs = [

@@ -44,6 +44,7 @@ from trainguard.format.documents import (
     dump_document,
     encode_segment,
     parse_document,
+    read_bounded_document,
     segment_tensor_key,
 )
 
@@ -215,6 +216,7 @@ class Folder(Protocol):
 
     def list(self, prefix: str = "") -> list[str]: ...
     def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, start: int, end: int) -> tuple[bytes, int]: ...
     def put(self, key: str, data: bytes) -> None: ...
 
 
@@ -229,6 +231,10 @@ class MemoryFolder:
 
     def get(self, key: str) -> bytes:
         return self.objects[key]
+
+    def get_range(self, key: str, start: int, end: int) -> tuple[bytes, int]:
+        data = self.objects[key]
+        return data[start:end], len(data)
 
     def put(self, key: str, data: bytes) -> None:
         self.objects[key] = data
@@ -259,7 +265,7 @@ def convert_job(source: Folder, target: Folder, rules: WindowChoice | None = Non
     keys = source.list("")
     if layout.MANIFEST in keys:
         try:
-            job = parse_document(Manifest, source.get(layout.MANIFEST)).job
+            job = parse_document(Manifest, read_bounded_document(source, layout.MANIFEST)).job
         except ValueError as exc:
             raise ConversionError(f"{layout.MANIFEST}: {exc}") from None
     for key in keys:
@@ -302,7 +308,7 @@ def convert_job(source: Folder, target: Folder, rules: WindowChoice | None = Non
             report.segments[worker] = writer.segments_written
     for worker, key in sorted(ends.items()):
         try:
-            marker = parse_document(EndMarker, source.get(key))
+            marker = parse_document(EndMarker, read_bounded_document(source, key))
         except ValueError as exc:
             raise ConversionError(f"{key}: {exc}") from None
         marker = marker.model_copy(update={"segments": report.segments.get(worker, 0)})

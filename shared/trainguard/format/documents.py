@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -38,6 +38,8 @@ ShortText = Annotated[str, StringConstraints(max_length=256)]
 Count = Annotated[int, Field(ge=0)]
 #: a time: NaN or Infinity would silence every clock rule (StalledTrainingRule)
 FiniteTime = Annotated[float, Field(allow_inf_nan=False, ge=0.0)]
+#: a job name, or a pattern of job names where ``*`` matches any characters
+JobPattern = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.*-]{1,128}$")]
 
 
 class _Strict(BaseModel):
@@ -254,7 +256,11 @@ class Manifest(_Strict):
     #: the job opted in to being stopped with StopTrainingJob
     allow_sagemaker_stop: bool = False
     #: system monitor interval in seconds when profiling is on
-    system_interval_s: float | None = None
+    system_interval_s: float | None = Field(default=None, allow_inf_nan=False)
+    #: jobs that may compare themselves with this one (SimilarAcrossRuns's ``other_trials``):
+    #: job names, or patterns where ``*`` matches any characters (``candidate-*``). A job
+    #: naming this one in its own rules is not enough: this job must allow it.
+    allow_comparison_from: list[JobPattern] = Field(default_factory=list, max_length=64)
 
 
 class EndMarker(_Strict):
@@ -290,7 +296,28 @@ def parse_document(model: type[Any], raw: bytes) -> Any:
     """Parse a JSON document with a size bound; raises ValueError with a clear message."""
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise ValueError(f"{model.__name__} is {len(raw)} bytes; at most {MAX_DOCUMENT_BYTES}")
-    return model.model_validate_json(raw)
+    try:
+        return model.model_validate_json(raw)
+    except RecursionError:
+        raise ValueError(f"{model.__name__}: JSON nested too deeply") from None
+
+
+class RangeReader(Protocol):
+    """What a bounded read needs of a job folder (``trainguard.hook.storage.Store`` has it)."""
+
+    def get_range(self, key: str, start: int, end: int) -> tuple[bytes, int]: ...
+
+
+def read_bounded_document(store: RangeReader, key: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """A JSON document of a job folder, refused past ``limit`` bytes before more is read.
+
+    One ranged read of ``limit + 1`` bytes: a 3 GB object named ``manifest.json`` costs
+    a megabyte, not a MemoryError. Raises ValueError naming the key and its size.
+    """
+    raw, size = store.get_range(key, 0, limit + 1)
+    if len(raw) > limit or size > limit:
+        raise ValueError(f"{key} is {size} bytes; a trainguard document has at most {limit}")
+    return raw
 
 
 def dump_document(doc: BaseModel) -> bytes:
@@ -356,4 +383,7 @@ def decode_step_header(
 def loads_json_bounded(raw: bytes) -> Any:
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise ValueError(f"document is {len(raw)} bytes; at most {MAX_DOCUMENT_BYTES}")
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("document: JSON nested too deeply") from None

@@ -195,6 +195,8 @@ def parse_header(data: bytes, object_size: int | None = None) -> ParsedHeader:
         doc = json.loads(bytes(data[8 : 8 + length]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StepFormatError(f"header is not valid UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise StepFormatError("header JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise StepFormatError("header is not a JSON object")
     if len(doc) > MAX_TENSORS + 1:

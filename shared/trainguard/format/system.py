@@ -138,7 +138,10 @@ def parse_system_batch(raw: bytes) -> SystemBatch:
     """Parse a system object with a size bound; raises ValueError with a clear message."""
     if len(raw) > MAX_SYSTEM_BYTES:
         raise ValueError(f"system batch is {len(raw)} bytes; at most {MAX_SYSTEM_BYTES}")
-    return SystemBatch.model_validate_json(raw)
+    try:
+        return SystemBatch.model_validate_json(raw)
+    except RecursionError:
+        raise ValueError("system batch: JSON nested too deeply") from None
 
 
 def dump_system_batch(batch: SystemBatch) -> bytes:

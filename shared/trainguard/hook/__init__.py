@@ -6,7 +6,21 @@ is registered, boto3 when the first object is written to S3.
 
 from __future__ import annotations
 
-from trainguard.hook.config import Collection, CollectionKeys, SaveConfig, SaveConfigMode
-from trainguard.hook.core import Hook, StopTrainingRequested
+from trainguard.hook.config import Collection, CollectionKeys, ReductionConfig, SaveConfig, SaveConfigMode
+from trainguard.hook.core import Hook, HookReport, del_hook, get_hook
+from trainguard.hook.steps import StepPlan
+from trainguard.hook.stopping import StopTrainingRequested
 
-__all__ = ["Collection", "CollectionKeys", "Hook", "SaveConfig", "SaveConfigMode", "StopTrainingRequested"]
+__all__ = [
+    "Collection",
+    "CollectionKeys",
+    "Hook",
+    "HookReport",
+    "ReductionConfig",
+    "SaveConfig",
+    "SaveConfigMode",
+    "StepPlan",
+    "StopTrainingRequested",
+    "del_hook",
+    "get_hook",
+]

@@ -25,12 +25,20 @@ Defaults, and why (measured by ``bench/hook_overhead.py``; figures in docs/bench
   VanishingGradient, ExplodingTensor and DeadRelu still get a sample every 50 steps, ten
   times finer than smdebug's 500; ExplodingTensor also sees the losses of every step.
 * Everything else (activation inputs, model inputs/outputs, labels, predictions) is off
-  until included: they cost memory bandwidth per forward and only some rules need them.
+  until included or until a configured rule reads them (SaturatedActivation turns on
+  ``tanh_input``/``sigmoid_input``, ClassImbalance ``labels``/``predictions``...): they cost
+  memory bandwidth per forward and only some rules need them.
+
+Which statistics a tensor gets is decided by the configured rules (``Rule.reads()``; see
+``trainguard.hook.selection``), plus ``Collection.statistics`` when the user names some, plus
+the standard set (``STANDARD_STATISTICS``) for a collection the user included explicitly.
+``Hook(statistics="all")`` asks for everything.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +55,25 @@ GRADIENT_PERCENTILES = (5.0, 50.0, 95.0)
 TANH_BAND = (-9.4999, 9.4999)
 SIGMOID_BAND = (-23.0, 16.99999)
 TRAINING_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.GLOBAL)
+#: The statistics every tensor of a collection the user included explicitly gets (and every
+#: explicit ``save_tensor``), on top of what the configured rules read: the cheap core of
+#: ``TensorStats`` (a few vectorised passes). Percentiles, histograms and per-unit fractions
+#: cost more and come only from the collection's settings or a rule that reads them.
+STANDARD_STATISTICS = ("numel", "mean", "std", "min", "max", "mean_abs", "l1", "l2", "zeros", "nan", "inf")
+#: smdebug's ``losses`` collection regex for PyTorch (``CollectionManager``): module outputs
+#: such as ``CrossEntropyLoss_output_0``.
+SMDEBUG_LOSS_REGEX = r"[Ll]oss_(?!input).*output"
+_LOSS_NAME = re.compile(SMDEBUG_LOSS_REGEX + r"|Loss|(?:^|[^A-Za-z0-9])loss(?:$|[^A-Za-z])|^loss", re.ASCII)
+
+
+def is_loss_name(name: str) -> bool:
+    """Whether a scalar saved without collections counts as a loss (and goes to ``losses``).
+
+    smdebug's losses regex (``CrossEntropyLoss_output_0``), any name containing ``Loss``, and
+    ``loss`` as a word of the name: ``loss``, ``val_loss``, ``my_loss``, ``loss/train``. A loss
+    *scale* (mixed precision's ``loss_scale``) is not a loss.
+    """
+    return bool(_LOSS_NAME.search(name)) and "scale" not in name.lower()
 
 
 class CollectionKeys:
@@ -68,8 +95,10 @@ class CollectionKeys:
     PREDICTIONS = "predictions"
     #: tensors selected by the hook's ``include_regex``
     DEFAULT = "default"
+    #: smdebug's ``save_all``: every parameter, gradient and module input/output
+    ALL = "all"
 
-    ALL = (
+    BUILT_IN = (
         LOSSES,
         METRICS,
         SCALARS,
@@ -85,9 +114,11 @@ class CollectionKeys:
         LABELS,
         PREDICTIONS,
         DEFAULT,
+        ALL,
     )
     SCALAR_COLLECTIONS = (LOSSES, METRICS, SCALARS)
-    #: saved by a hook created without ``include_collections``
+    #: what every hook saved by default before the configured rules chose, and what a rule
+    #: that does not declare its reads is given (``trainguard.hook.selection``)
     DEFAULT_INCLUDED = (LOSSES, METRICS, SCALARS, WEIGHTS, BIASES, GRADIENTS, RELU_OUTPUT)
 
 
@@ -174,6 +205,29 @@ class SaveConfig:
     __hash__ = None  # type: ignore[assignment]
 
 
+@dataclass(frozen=True)
+class ReductionConfig:
+    """smdebug's ``ReductionConfig``: which reductions a collection saves.
+
+    Read as the ``TensorStats`` fields it corresponds to (``Collection.statistics``): ``min``,
+    ``max``, ``mean``, ``std``/``variance``, ``l1``/``l2`` norms, their ``abs_`` forms
+    (``abs_mean`` is ``mean_abs``). ``save_raw_tensor=True`` also stores the full tensor.
+    Reductions trainguard has no statistic for (``prod``, ``sum``) are accepted and ignored.
+    """
+
+    reductions: Sequence[str] = ()
+    abs_reductions: Sequence[str] = ()
+    norms: Sequence[str] = ()
+    abs_norms: Sequence[str] = ()
+    save_raw_tensor: bool = False
+    save_shape: bool = False
+
+    def statistics(self) -> tuple[str, ...]:
+        from trainguard.hook.sagemaker import reduction_statistics
+
+        return reduction_statistics(self)
+
+
 @dataclass
 class Collection:
     """A named group of tensors with its own save schedule and statistics.
@@ -208,6 +262,20 @@ class Collection:
     #: ``update_l2``: the L2 norm of the change since the previous save (WeightUpdateRatio).
     #: Keeps a copy of each tensor between saves, so it is on only when that rule is declared.
     update_norm: bool = False
+    #: ``TensorStats`` fields to compute for this collection's tensors besides what the
+    #: configured rules read (None: the standard set if the user included the collection
+    #: explicitly, else only what the rules read; ``("all",)``: every field)
+    statistics: tuple[str, ...] | None = None
+    #: smdebug's ``Collection.tensor_names``: exact names that belong to the collection
+    tensor_names: set[str] = field(default_factory=set)
+    #: modules whose inputs/outputs belong to the collection (``add_module_tensors``): object
+    #: id -> (module, inputs, outputs); resolved to ``<module name>_input_<i>`` /
+    #: ``_output_<i>`` names when the model is registered
+    modules: dict[int, tuple[Any, bool, bool]] = field(default_factory=dict, repr=False, compare=False)
+    #: smdebug's ``reduction_config`` (its statistics unless ``statistics`` is given; with
+    #: ``save_raw_tensor`` the full tensor too) and ``save_histogram`` (TensorBoard only: ignored)
+    reduction_config: ReductionConfig | None = None
+    save_histogram: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -216,6 +284,58 @@ class Collection:
             raise ValueError("histogram_bins must be in 0..256")
         if len(self.percentiles) > 16 or not all(0.0 <= p <= 100.0 for p in self.percentiles):
             raise ValueError("at most 16 percentiles, each in 0..100")
+        if isinstance(self.include_regex, str):
+            self.include_regex = [self.include_regex]
+        for regex in self.include_regex:
+            _check_regex(regex)
+        if self.statistics is not None:
+            self.statistics = _check_statistics(self.statistics)
+        self.tensor_names = set(self.tensor_names or ())
+        if self.reduction_config is not None:
+            self.set_reduction_config(self.reduction_config)
+
+    def set_save_config(self, save_config: SaveConfig) -> None:
+        self.save_config = save_config
+
+    def set_reduction_config(self, reduction_config: ReductionConfig) -> None:
+        """smdebug's reductions, as this collection's statistics (and full tensors if raw)."""
+        if not isinstance(reduction_config, ReductionConfig):
+            raise TypeError(f"expected a ReductionConfig, got {type(reduction_config).__name__}")
+        self.reduction_config = reduction_config
+        self.statistics = reduction_config.statistics() or None
+        if reduction_config.save_raw_tensor:
+            self.save_full = True
+
+    # smdebug's Collection methods ----------------------------------------------------------
+    def include(self, regex: str | Sequence[str]) -> None:
+        """Add include regexes (smdebug's ``Collection.include``): matching tensors join it."""
+        items = [regex] if isinstance(regex, str) else list(regex)
+        for item in items:
+            if not isinstance(item, str):
+                raise TypeError(f"include() takes regex strings, got {type(item).__name__}")
+            _check_regex(item)
+            if item not in self.include_regex:
+                self.include_regex.append(item)
+
+    def add_tensor_name(self, name: str) -> None:
+        self.tensor_names.add(name)
+
+    def add_module_tensors(self, module: Any, inputs: bool = False, outputs: bool = True) -> None:
+        """Save a module's inputs and/or outputs in this collection (smdebug's PyTorch API).
+
+        Their names are smdebug's: ``<module name>_input_<i>``/``<module name>_output_<i>``,
+        the module name being its ``named_modules()`` path in the registered model (the
+        model itself: its class name).
+        """
+        self.modules[id(module)] = (module, bool(inputs), bool(outputs))
+
+    def copy(self) -> Collection:
+        """A copy that shares registered modules (never deep-copied: they are the user's)."""
+        out = copy.copy(self)
+        out.include_regex = list(self.include_regex)
+        out.tensor_names = set(self.tensor_names)
+        out.modules = dict(self.modules)
+        return out
 
     def reductions(self) -> list[str]:
         out = ["mean", "std", "min", "max", "mean_abs", "l1", "l2", "zeros", "nan", "inf", "numel"]
@@ -234,6 +354,25 @@ class Collection:
         if self.update_norm:
             out.append("update_l2")
         return out
+
+
+def _check_regex(regex: str) -> None:
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise ValueError(f"invalid include regex {regex!r}: {exc}") from None
+
+
+def _check_statistics(names: Iterable[str]) -> tuple[str, ...]:
+    from trainguard.format.documents import TensorStats
+
+    items = (names,) if isinstance(names, str) else tuple(names)
+    if items == ("all",):
+        return items
+    unknown = [n for n in items if n not in TensorStats.model_fields]
+    if unknown:
+        raise ValueError(f"unknown statistics {unknown}; known: {list(TensorStats.model_fields)} or ('all',)")
+    return items
 
 
 def default_collection(name: str) -> Collection:
@@ -287,7 +426,9 @@ def build_collections(
             col.save_config = save_config
         out[CollectionKeys.DEFAULT] = col
     for override in overrides or ():
-        col = copy.deepcopy(override)
+        if not isinstance(override, Collection):
+            raise TypeError(f"collections= takes Collection objects, got {type(override).__name__}")
+        col = override.copy()
         _keep_builtin_reductions(col)
         if col.save_config is None:
             col.save_config = save_config or default_collection(col.name).save_config
@@ -299,7 +440,7 @@ _REDUCTION_FIELDS = ("percentiles", "histogram_bins", "unit_active", "unit_band"
 
 
 def _keep_builtin_reductions(col: Collection) -> None:
-    if col.name not in CollectionKeys.ALL:
+    if col.name not in CollectionKeys.BUILT_IN:
         return
     builtin = default_collection(col.name)
     blank = Collection(col.name)

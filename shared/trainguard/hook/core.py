@@ -1,4 +1,4 @@
-"""``trainguard.Hook``: saves what the rules need, one object per (step, worker), off the hot path.
+"""``trainguard.Hook``: records what the rules need, one segment per worker per time window.
 
 Mirrors smdebug's PyTorch hook, so migrating is an import change::
 
@@ -11,23 +11,32 @@ and works without a framework: every save call takes ``step=``::
 
     with trainguard.Hook("runs/my-job") as hook:
         for step in range(n):
-            hook.save_scalar("loss", loss, step=step, collections=["losses"])
+            hook.save_scalar("loss", loss, step=step)          # a loss by its name
             hook.save_tensor("w", w, step=step, collections=["weights"])
 
-Steps. The hook keeps a global step (the object key; smdebug's "global step") and, per
-mode, a mode step (how many steps that mode has seen), which save configs are checked
-against. The counter advances on each forward of the registered top module (the first
-forward is step 0), or on ``advance_step()``/``set_step(n)``; ``step=`` on a save call
-sets it explicitly. A step's record is sealed and queued when a later step begins or at
-``close()``; a save for a step older than the last sealed one is ignored with a warning
-(objects are never overwritten).
+Where the pieces are: step and mode bookkeeping in ``steps``, what statistics each tensor
+gets in ``selection`` (from the configured rules' ``reads()``), the reductions in ``stats``,
+accepted values and host copies in ``values``, segment windows in ``segments``, the
+background writer in ``writer``, delivery (spill, retry, plain errors) in ``uploader``, stop
+polling in ``stopping``, ``close()``'s report in ``reporting``, smdebug's methods and
+``get_hook`` in ``smdebug``, SageMaker's hook configuration in ``sagemaker``. Framework
+integrations (``torch_support``, ``xgboost_support``, the Hugging Face/Lightning/Keras
+callbacks) use only the public recording interface below (``plan``, ``record_tensor(s)``,
+``record_scalar``, ``collections_for``, ``check_stop``, ``guard``...; docs/hook.md shows an
+example).
+
+Explicit saves (``save_scalar``, ``save_tensor``, ``record_tensor_value``) are always
+written, at any step: save configs throttle only what the hook captures by itself. A scalar
+saved without collections goes to ``losses`` when its name says it is a loss (smdebug's
+losses regex, ``Loss``, ``loss`` as a word), else to ``scalars``.
 
 Never breaking the job: an internal error is logged once, with its traceback, and the
-hook disables itself (every later call is a no-op); a bad argument to a save call (name,
-dtype) is logged once per name and that tensor skipped. The one exception the hook raises
-into the training loop is ``StopTrainingRequested``, and only if ``raise_on_stop`` (the
-default: a rule with the StopTraining action asked for it), once, at a safe point (the
-top module's forward pre-hook, ``advance_step``/``set_step`` or a save call).
+hook disables itself (every later call is a no-op); a bad argument (name, dtype, step) is
+logged once and that value skipped, and counted. Nothing is dropped without being counted
+by reason: the counts go into each segment, the end marker and ``close()``'s report. The one
+exception the hook raises into the training loop is ``StopTrainingRequested``, and only if
+``raise_on_stop`` (the default: a rule with the StopTraining action asked for it), once, at a
+safe point (the top module's forward pre-hook, ``advance_step``/``set_step`` or a save call).
 """
 
 from __future__ import annotations
@@ -43,9 +52,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -56,22 +64,47 @@ from trainguard.format.documents import (
     Manifest,
     ManifestCollection,
     ManifestSaveConfig,
-    ModeRecord,
-    ScalarRecord,
-    StepHeader,
     StopSignal,
-    TensorRecord,
     TensorStats,
     dump_document,
-    encode_step,
-    parse_document,
-    tensor_key,
 )
 from trainguard.hook import env
-from trainguard.hook.config import Collection, CollectionKeys, SaveConfig, build_collections
-from trainguard.hook.stats import PendingStats, StatSpec, numpy_stats, torch_stats
+from trainguard.hook.config import (
+    DEFAULT_TENSOR_INTERVAL,
+    Collection,
+    CollectionKeys,
+    SaveConfig,
+    build_collections,
+    default_collection,
+    is_loss_name,
+)
+from trainguard.hook.reporting import HookReport, announce
+from trainguard.hook.segments import ModeBuffer, PendingTensor, SegmentBuilder, StepRecord
+from trainguard.hook.selection import FeedCheck, StatisticsPlan, TensorChoice, declarations
+from trainguard.hook.smdebug import (
+    SmdebugMethods,
+    constructor_notes,
+    del_hook,
+    forget_current,
+    get_hook,
+    reduction_statistics,
+    set_current,
+)
+from trainguard.hook.stats import PendingStats, numpy_stats, torch_stats, torch_stats_many
+from trainguard.hook.steps import StepBook, StepPlan, check_step, parse_mode
+from trainguard.hook.stopping import StopTrainingRequested, StopWatcher
 from trainguard.hook.storage import Store, open_store
-from trainguard.hook.uploader import Uploader, UploadStats
+from trainguard.hook.uploader import Delivery, DeliveryReport, UploadStats
+from trainguard.hook.values import (
+    TORCH_STORABLE,
+    host_copy,
+    is_torch,
+    nbytes,
+    numpy_storable,
+    search,
+    to_scalar,
+)
+from trainguard.hook.writer import DropCounter, SegmentWriter
 from trainguard.modes import ModeKeys
 from trainguard.version import __version__
 
@@ -82,19 +115,16 @@ R = TypeVar("R")
 
 DEFAULT_STOP_CHECK_INTERVAL_S = 5.0
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
-
-
-class StopTrainingRequested(Exception):
-    """The service asked this job to stop (a rule with the StopTraining action fired).
-
-    Raised once, at a step boundary, when the hook has ``raise_on_stop=True``. Catch it to
-    checkpoint and exit cleanly; ``signal`` says which rule asked and why.
-    """
-
-    def __init__(self, signal: StopSignal | None) -> None:
-        self.signal = signal
-        why = f" by rule {signal.rule}: {signal.reason}" if signal is not None else ""
-        super().__init__(f"trainguard: stop requested{why}")
+#: A segment window's length, chosen by measurement (``bench/hook_writer.py``): a 2 s window of
+#: a 15 ms-step job (133 steps) costs the training process ~2.4 ms of CPU to encode and ~1.5 ms
+#: to deliver through the S3 client (~0.2% of a core), and 2 s keeps the service's cost (~$10
+#: per million objects) at $0.018 per worker-hour at any step rate, under the $0.02 goal (1 s:
+#: $0.036). A non-finite value closes its window at once, so a diverging job is judged at once.
+DEFAULT_WINDOW_S = 2.0
+MIN_WINDOW_S, MAX_WINDOW_S = 0.2, 60.0
+#: collections on when the hook is created without ``include_collections``: the scalars,
+#: plus what the configured rules read (``selection``)
+DEFAULT_SCALAR_COLLECTIONS = (CollectionKeys.LOSSES, CollectionKeys.METRICS, CollectionKeys.SCALARS)
 
 
 def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -120,53 +150,40 @@ def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return wrap
 
 
-@dataclass
-class _PendingTensor:
-    collections: list[str]
-    dtype: str
-    shape: list[int]
-    stats: PendingStats | TensorStats | None
-    #: a host copy (torch CPU tensor or numpy array) when the full tensor is stored
-    full: Any = None
-
-
-@dataclass
-class _ModeBuffer:
-    mode_step: int
-    scalars: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
-    tensors: dict[str, _PendingTensor] = field(default_factory=dict)
-
-
-@dataclass
-class _StepRecord:
-    step: int
-    wall_time: float
-    modes: dict[str, _ModeBuffer] = field(default_factory=dict)
-
-
-class Hook:
-    """Saves losses, metrics and tensor statistics for trainguard's rules.
+class Hook(SmdebugMethods):
+    """Records losses, metrics and the tensor statistics trainguard's rules read.
 
     Parameters
     ----------
     out_dir
         The job folder: ``s3://bucket/prefix/<job>`` or a local directory (same layout).
+        None: ``TRAINGUARD_OUT_DIR``, else on SageMaker the job's ``DebugHookConfig``
+        (``S3OutputPath``/``TRAINING_JOB_NAME``), else a ``ValueError`` naming both.
     save_config
         Applies to every collection not given its own (smdebug's precedence). Default:
-        scalars and losses every step, tensor statistics every 50 steps
-        (see ``trainguard.hook.config``).
+        scalars every step, tensor statistics every ``DEFAULT_TENSOR_INTERVAL`` steps.
     include_collections
-        Collections to save (``CollectionKeys``); default ``CollectionKeys.DEFAULT_INCLUDED``.
+        Collections to save (``CollectionKeys``). Default: ``losses``, ``metrics``,
+        ``scalars`` and the collections the configured rules read.
     include_regex
-        Extra tensors to save, by name (parameters, gradients ``gradient/<param>``, module
-        inputs/outputs ``<module>_input_0``/``<module>_output_0``), into ``default``.
+        Extra tensors to save, by name (smdebug's: ``Net_fc1.weight``,
+        ``gradient/Net_fc1.weight``, ``fc1_output_0``), into ``default``.
+    save_all
+        smdebug's ``save_all``: every parameter, gradient and module input/output, in ``all``.
     collections
         ``Collection`` objects that add to or replace the built-in definitions, e.g. full
         gradients every 10 steps:
         ``Collection("gradients", SaveConfig(save_interval=10), save_full=True)``.
     rules
-        SageMaker ``DebugRuleConfigurations`` entries, written to the manifest; None: the
-        service's default rules.
+        SageMaker rule entries in any shape the SDK writes (a list, an object with
+        ``DebugRuleConfigurations``/``ProfilerRuleConfigurations``, a whole
+        ``CreateTrainingJob`` request), written to the manifest; None: the service's
+        default rules. The hook records what these rules read (``Rule.reads()``).
+    statistics
+        ``"rules"``: each tensor gets what the configured rules read, plus the standard set
+        for collections you included explicitly; ``"all"``: every statistic.
+    window_s
+        Length of a segment window, 0.2 to 60 s (one object per worker per window).
     job_name
         Default: the last component of ``out_dir``.
     sagemaker_stop
@@ -179,7 +196,9 @@ class Hook:
     stop_check_interval_s
         How often a background thread looks for ``control/stop.json`` (0 disables).
     flush_timeout_s
-        How long ``close()`` waits for the uploader to deliver what is queued.
+        How long ``close()`` waits for the writer to deliver what is queued.
+    max_buffer_bytes
+        Memory for records waiting to be encoded; when full, a save waits (backpressure).
     profiler
         Profile the job: True samples the host every 0.5 s (a float: that interval, 0.1 to
         60 s) and records step timings; batches are written every ``profiler_flush_s``
@@ -188,23 +207,29 @@ class Hook:
     sample_system
         With several ranks per host, pass False on all but one: the others still send their
         step timings.
+
+    smdebug's ``export_tensorboard``, ``tensorboard_dir``, ``reduction_config``,
+    ``include_workers`` and ``dry_run`` are accepted (see docs/hook.md for what each does here).
     """
 
     def __init__(
         self,
-        out_dir: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str] | None = None,
         save_config: SaveConfig | None = None,
         include_collections: Iterable[str] | None = None,
         include_regex: Sequence[str] | None = None,
         *,
+        save_all: bool = False,
         collections: Iterable[Collection] | None = None,
-        rules: list[dict[str, Any]] | None = None,
+        rules: list[dict[str, Any]] | Mapping[str, Any] | None = None,
+        statistics: Literal["rules", "all"] = "rules",
+        window_s: float = DEFAULT_WINDOW_S,
         job_name: str | None = None,
         sagemaker_stop: bool = False,
         raise_on_stop: bool = True,
         stop_check_interval_s: float = DEFAULT_STOP_CHECK_INTERVAL_S,
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
-        queue_size: int = 256,
+        max_buffer_bytes: int = 128 * 1024 * 1024,
         spill_dir: str | os.PathLike[str] | None = None,
         store: Store | None = None,
         rank: int | None = None,
@@ -212,80 +237,124 @@ class Hook:
         profiler: bool | float = False,
         sample_system: bool = True,
         profiler_flush_s: float = 10.0,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        reduction_config: Any = None,
+        include_workers: str | None = None,
+        dry_run: bool = False,
     ) -> None:
+        detected_job: str | None = None
+        if out_dir is None:
+            if store is not None:
+                out_dir = store.url
+            else:
+                out_dir, detected_job = env.resolve_out_dir()
         self.out_dir = os.fspath(out_dir)
-        name = job_name or self.out_dir.rstrip("/").rsplit("/", 1)[-1]
+        name = job_name or detected_job or self.out_dir.rstrip("/").rsplit("/", 1)[-1]
         self.job_name = layout.validate_job_name(name)
-        if rules is not None and (
-            not isinstance(rules, list) or not all(isinstance(r, Mapping) for r in rules)
-        ):
-            raise ValueError(
-                "rules must be a list of DebugRuleConfigurations dicts (or None for the defaults)"
-            )
-        self.rules = [dict(r) for r in rules] if rules is not None else None
+        if statistics not in ("rules", "all"):
+            raise ValueError(f"statistics must be 'rules' or 'all', got {statistics!r}")
+        if not MIN_WINDOW_S <= float(window_s) <= MAX_WINDOW_S:
+            raise ValueError(f"window_s must be between {MIN_WINDOW_S} and {MAX_WINDOW_S} seconds")
+        # any shape the SageMaker SDK writes (a list of entries, Debug/ProfilerRuleConfigurations,
+        # a CreateTrainingJob request): the same normalisation the service and replay use
+        self.rules = _normalized_rules(rules)
         detected_rank, detected_world = env.rank_and_world()
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
-        self.collections: dict[str, Collection] = build_collections(
-            include_collections, include_regex, save_config, collections
-        )
-        self.include_regex = list(include_regex or ())
-        weights = self.collections.get(CollectionKeys.WEIGHTS)
-        if weights is not None and any(_rule_to_invoke(r) == "WeightUpdateRatio" for r in self.rules or ()):
-            weights.update_norm = True  # the rule needs ||W_s - W_prev||: keep a copy between saves
         self.sagemaker_stop = sagemaker_stop
         self.raise_on_stop = raise_on_stop
         self.flush_timeout_s = flush_timeout_s
+        self.window_s = float(window_s)
+        self.save_all = bool(save_all)
+        self.dry_run = bool(dry_run)
+        self._notes = constructor_notes(export_tensorboard, tensorboard_dir, include_workers)
+        user_statistics = reduction_statistics(reduction_config)
+
+        # What to record: the configured rules' declarations, then the collections
+        self._reads, self._rule_problems = declarations(_parse_rules(self.rules))
+        explicit = set(include_collections or ()) | {c.name for c in collections or ()}
+        if include_regex:
+            explicit.add(CollectionKeys.DEFAULT)
+        self.selection = StatisticsPlan(self._reads, explicit=explicit, everything=statistics == "all")
+        base = (
+            list(include_collections)
+            if include_collections is not None
+            else [*DEFAULT_SCALAR_COLLECTIONS, *sorted(self.selection.required_collections())]
+        )
+        if include_collections is not None:
+            base += sorted(self.selection.required_collections() - set(base))
+        regex = list(include_regex or ()) + [
+            r for r in self.selection.extra_regexes() if r not in (include_regex or ())
+        ]
+        self.collections: dict[str, Collection] = build_collections(
+            base, regex or None, save_config, collections
+        )
+        if self.save_all:
+            every = self.collections.get(CollectionKeys.ALL) or default_collection(CollectionKeys.ALL)
+            every.include(".*")
+            every.save_full = True  # smdebug's save_all saves every tensor in full
+            if save_config is not None and CollectionKeys.ALL not in {c.name for c in collections or ()}:
+                every.save_config = save_config
+            elif every.save_config is None:
+                every.save_config = SaveConfig(save_interval=DEFAULT_TENSOR_INTERVAL)
+            self.collections[CollectionKeys.ALL] = every
+            explicit.add(CollectionKeys.ALL)
+        if user_statistics is not None:
+            for col in self.collections.values():
+                if col.statistics is None and col.name not in CollectionKeys.SCALAR_COLLECTIONS:
+                    col.statistics = user_statistics
+        self.include_regex = list(regex)
+        self._explicit = explicit
+
+        # Where it goes
         self._store = store or open_store(self.out_dir)
         spill = Path(spill_dir) if spill_dir else Path(tempfile.gettempdir()) / "trainguard-spill"
         self.spill_dir = spill / f"{self.job_name}-worker{self.rank:05d}-{os.getpid()}"
-        self._uploader = Uploader(
-            self._store,
-            self._encode,
-            queue_size=queue_size,
-            spill_dir=self.spill_dir,
-            on_error=self._writer_error,
-        )
-        self._lock = threading.RLock()
-        self._mode = ModeKeys.TRAIN
-        self._step = 0
-        self._record: _StepRecord | None = None
-        self._sealed_step: int | None = None  # newest step handed to the writer
-        self._entered: tuple[int, ModeKeys] | None = None
-        self._mode_step: dict[ModeKeys, int] = {}
-        self._mode_global: dict[ModeKeys, int] = {}
-        self._due: frozenset[str] = frozenset()
-        self._due_cache: dict[tuple[ModeKeys, int], frozenset[str]] = {}
-        self._warned: set[str] = set()
-        self._disabled = False
-        self._closed = False
-        self._manifest_sent = False
-        self._frameworks: dict[str, str | None] = {}
-        self._torch: Any = None  # the TorchIntegration, once a module is registered
+        self._drops = DropCounter()
         #: tensor name -> position: parameters and their gradients are written in the
         #: model's parameter order (rules such as GradientNormRatio rely on it)
         self._order: dict[str, int] = {}
-        #: previous saved copy per tensor, for ``update_l2`` (collections with update_norm)
+        self._builder = SegmentBuilder(
+            self.job_name,
+            self.rank,
+            self.world_size,
+            window_s=self.window_s,
+            order=self._order,
+            take_dropped=self._drops.take_new,
+        )
+        self._delivery = Delivery(self._store, spill_dir=self.spill_dir)
+        self._writer = SegmentWriter(
+            self._builder,
+            self._delivery,
+            self._drops,
+            max_bytes=max_buffer_bytes,
+            on_error=self._writer_error,
+        )
+
+        # State of the training thread
+        self._lock = threading.RLock()
+        self._book = StepBook(self.collections, self._seal)
+        self._record: StepRecord | None = None
+        self._warned: set[str] = set()
+        self._disabled = self.dry_run
+        self._closed = False
+        self._report: HookReport | None = None
+        self._manifest_sent = False
+        self._first_step_checked = False
+        self._frameworks: dict[str, str | None] = {}
+        self._producers: dict[str, set[str]] = {}
+        self._received: set[str] = set()
+        self._coverage = FeedCheck(self._reads, self._rule_problems)
+        self._torch: Any = None  # the TorchIntegration, once a module is registered
+        #: previous saved copy per tensor, for ``update_l2``
         self._previous: dict[str, Any] = {}
-        # written by the writer thread only
-        self._last_written: int | None = None
-        self._steps_written = 0
-        # stop signal
-        self._stop_event = threading.Event()
-        self._stop_signal: StopSignal | None = None
+        self._regex_cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
         self._stop_raised = False
-        self._closing = threading.Event()
-        self._poller: threading.Thread | None = None
-        if stop_check_interval_s and stop_check_interval_s > 0:
-            self._poller = threading.Thread(
-                target=self._poll_stop,
-                args=(float(stop_check_interval_s),),
-                name="trainguard-stop",
-                daemon=True,
-            )
-            self._poller.start()
+        self._stop = StopWatcher(self._store, self.job_name, stop_check_interval_s or 0.0)
+
         # Profiling: a background system monitor and the step timings (trainguard.profiling)
         self._monitor: Any = None
         self._system_batches = 0
@@ -303,39 +372,53 @@ class Hook:
                 flush_s=profiler_flush_s,
                 sample_system=sample_system,
             ).start()
+        set_current(self)
         atexit.register(_close_at_exit, weakref.ref(self))
+        for note in self._notes:
+            log.info("trainguard: %s", note)
+        if self.dry_run:
+            log.warning("trainguard: dry_run=True: the hook records and writes nothing")
 
     # ------------------------------------------------------------------ public state
     @property
     def disabled(self) -> bool:
-        """True once an internal error switched the hook off."""
+        """True once an internal error switched the hook off (or with ``dry_run``)."""
         return self._disabled
 
     @property
     def should_stop(self) -> bool:
         """True once the service wrote this job's stop signal (checked in the background)."""
-        return self._stop_event.is_set()
+        return self._stop.requested.is_set()
 
     @property
     def stop_signal(self) -> StopSignal | None:
-        return self._stop_signal
+        return self._stop.signal
 
     @property
     def step(self) -> int:
         """The current global step."""
-        return self._step
+        return self._book.step
 
     @property
     def mode(self) -> ModeKeys:
-        return self._mode
+        return self._book.mode
 
     @property
     def upload_stats(self) -> UploadStats:
-        return self._uploader.stats
+        return self._delivery.stats
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Values not recorded so far, by reason."""
+        return self._drops.totals()
 
     @property
     def store(self) -> Store:
         return self._store
+
+    @property
+    def segments_written(self) -> int:
+        return self._writer.segments
 
     def get_collection(self, name: str) -> Collection:
         """A collection's definition (created with defaults if new); edit it before the first step."""
@@ -343,77 +426,48 @@ class Hook:
         if col is None:
             col = build_collections([name], None, None, None)[name]
             self.collections[name] = col
-            self._due_cache.clear()
+            self.collections_changed()
         return col
+
+    def collections_changed(self) -> None:
+        """Collections were edited (e.g. ``add_module_tensors`` resolved): forget cached matches."""
+        self._book.collections_changed()
+        self._regex_cache.clear()
 
     # ------------------------------------------------------------------ steps and modes
     @_guarded()
     def set_mode(self, mode: ModeKeys | str) -> None:
         """Switch mode (TRAIN, EVAL, PREDICT, GLOBAL). The global step is not advanced."""
         try:
-            new = mode if isinstance(mode, ModeKeys) else ModeKeys(str(getattr(mode, "value", mode)).upper())
+            new = parse_mode(mode)
         except ValueError:
-            self._warn_once(f"mode:{mode}", "ignoring set_mode(%r): not a trainguard mode", mode)
+            self.warn_once(f"mode:{mode}", "ignoring set_mode(%r): not a trainguard mode", mode)
             return
         with self._lock:
-            self._mode = new
-            self._entered = None
+            self._book.set_mode(new)
 
     @_guarded()
     def advance_step(self) -> None:
-        """End the current step: its record is queued and the counter moves to the next step."""
-        self._check_stop()
+        """End the current step: its record is handed to the writer and the counter moves on."""
+        self.check_stop()
         with self._lock:
-            self._seal()
-            self._step += 1
-            self._entered = None
+            self._book.advance()
             self._time_step()
-
-    # ------------------------------------------------------------------ profiling
-    def timed_loader(self, iterable: Any) -> Any:
-        """Wrap a DataLoader (any iterable): time spent waiting for the next batch is recorded.
-
-        Without ``profiler=`` it returns ``iterable`` unchanged.
-        """
-        return self._monitor.timed_loader(iterable) if self._monitor is not None else iterable
-
-    def _emit_system(self, key: str, data: bytes) -> None:
-        """The monitor's batches go through the same uploader as the steps (spill, retry)."""
-        self._system_batches += 1
-        self._uploader.submit_encoded(key, data)
-
-    def _time_step(self) -> None:
-        """A step boundary for the profiler's step timings (caller holds the lock)."""
-        monitor = self._monitor
-        if monitor is None:
-            return
-        current = (self._mode, self._step)
-        if self._timed_step == current:
-            return
-        if self._timed_step is None:
-            monitor.mark_initialized()
-        else:
-            monitor.step_ended(self._timed_step[0].value, self._timed_step[1])
-        monitor.step_started(self._mode.value, self._step)
-        self._timed_step = current
 
     @_guarded()
     def set_step(self, step: int) -> None:
-        """Make ``step`` the current global step (seals the current one if different)."""
-        self._check_stop()
+        """Make ``step`` the current global step (the current one is sealed if different)."""
+        self.check_stop()
         try:
-            step = _check_step(step)
+            value = check_step(step)
         except ValueError as exc:
-            self._warn_once(f"arg:{exc}", "ignoring set_step: %s", exc)
+            self.warn_once(f"arg:{exc}", "ignoring set_step: %s", exc)
             return
         with self._lock:
-            if step != self._step:
-                self._seal()
-            self._step = step
-            self._entered = None
+            self._book.move_to(value)
             self._time_step()
 
-    # ------------------------------------------------------------------ saving
+    # ------------------------------------------------------------------ explicit saves
     @_guarded(default=False)
     def save_scalar(
         self,
@@ -423,28 +477,36 @@ class Hook:
         collections: Sequence[str] | None = None,
         *,
         mode: ModeKeys | str | None = None,
+        sm_metric: bool = False,
+        timestamp: float | None = None,
     ) -> bool:
-        """Save a scalar (loss, metric...) if one of its collections is due. Returns whether saved.
+        """Save a scalar (loss, metric...). Always written; returns False only if it could not be.
 
-        Default collection: ``scalars``; use ``collections=["losses"]`` for a loss, which is
-        what the loss rules read.
+        Collections: ``collections`` if given; else ``losses`` when the name says it is a loss
+        (``loss``, ``val_loss``, ``CrossEntropyLoss_output_0``), else ``scalars``. smdebug's
+        ``sm_metric``/``timestamp`` are accepted (a positional ``True`` in ``step``'s place is
+        smdebug's ``sm_metric``).
         """
-        self._check_stop()
-        cols = list(collections) if collections else [CollectionKeys.SCALARS]
+        if isinstance(step, bool):  # smdebug: save_scalar(name, value, sm_metric)
+            step = None
+        self.check_stop()
         if not self._valid_name(name):
             return False
+        cols = list(collections) if collections else [_scalar_collection(name)]
         with self._lock:
-            due = self._enter_checked(step, mode)
-            if due is None or not due.intersection(cols):
+            plan = self._enter_user(step, mode)
+            if plan is None:
                 return False
             try:
-                scalar = _scalar(value)
+                scalar = to_scalar(value)
             except (TypeError, ValueError) as exc:
-                self._warn_once(f"scalar:{name}", "skipping scalar %r: %s", name, exc)
+                self._drop("not_a_scalar", f"scalar:{name}", "skipping scalar %r: %s", name, exc)
                 return False
             for c in cols:
                 self.get_collection(c)
-            self._mode_buffer().scalars[name] = (scalar, cols)
+            self._buffer(plan).scalars[name] = (scalar, cols)
+            self._received.update(cols)
+            self._note_record(64)
             return True
 
     @_guarded(default=False)
@@ -456,68 +518,323 @@ class Hook:
         step: int | None = None,
         *,
         mode: ModeKeys | str | None = None,
+        full: bool = True,
+        collections_to_write: Sequence[str] | str | None = None,
     ) -> bool:
-        """Save a tensor's statistics (and the full tensor if a collection has ``save_full``).
+        """Save a tensor: its full value (as smdebug does) and its statistics. Always written.
 
         ``value``: a numpy array, a torch tensor (reduced on its device) or anything
-        ``np.asarray`` accepts (JAX arrays). Saved only if one of ``collections`` (default
-        ``default``) is due at this step. Returns whether it was saved.
+        ``np.asarray`` accepts (JAX arrays). ``collections`` (smdebug: ``collections_to_write``;
+        default ``default``) say which rules see it and which statistics it gets (what the
+        configured rules read, plus the standard set). ``full=False`` keeps only the
+        statistics, except at steps where a ``save_full`` collection of it is due. Returns False
+        only if it could not be recorded (counted and logged).
         """
-        self._check_stop()
-        if isinstance(collections, str):
-            collections = [collections]
-        cols = list(collections) if collections else [CollectionKeys.DEFAULT]
+        self.check_stop()
+        chosen = collections if collections is not None else collections_to_write
+        if isinstance(chosen, str):
+            chosen = [chosen]
+        names = list(chosen) if chosen else [CollectionKeys.DEFAULT]
         if not self._valid_name(name):
             return False
         with self._lock:
-            due = self._enter_checked(step, mode)
-            if due is None or not due.intersection(cols):
+            plan = self._enter_user(step, mode)
+            if plan is None:
                 return False
-            return self._save_tensor_now(name, value, [self.get_collection(c) for c in cols])
+            cols = [self.get_collection(c) for c in names]
+            choice = self.selection.choose(name, cols, plan.mode.value, explicit_save=True)
+            # a save_full collection that is due stores the tensor even when full=False
+            due_full = any(c.save_full and c.name in plan.due for c in cols)
+            return self._record_tensor(
+                plan, name, value, cols, choice, full=full or due_full, due_full=due_full
+            )
 
-    def _save_tensor_now(self, name: str, value: Any, cols: list[Collection]) -> bool:
-        """Reduce (and copy, if asked) one tensor into the current step's record. Caller holds the lock."""
-        is_torch = type(value).__module__.startswith("torch") and hasattr(value, "detach")
-        spec = StatSpec.of(cols)
-        full = any(c.save_full for c in cols)
+    # ------------------------------------------------------------------ the public recording interface
+    def plan(self, step: int | None = None, mode: ModeKeys | str | None = None) -> StepPlan | None:
+        """Make (step, mode) current and say what is due there (the recording interface).
+
+        ``step`` None: the hook's counter. None is returned when nothing can be recorded
+        (the hook is disabled or closed, or the step was already written).
+        """
+        if self._disabled or self._closed:
+            return None
         try:
-            if is_torch:
-                stats: PendingStats | TensorStats = torch_stats(value, spec)
+            m = None if mode is None else parse_mode(mode)
+            s = None if step is None else check_step(step)
+            with self._lock:
+                plan = self._book.enter(s, m)
+                if plan is not None:
+                    self._entered(plan)
+                return plan
+        except StopTrainingRequested:
+            raise
+        except ValueError as exc:
+            self.warn_once(f"arg:{exc}", "ignoring a step: %s", exc)
+            return None
+        except Exception as exc:
+            self._disable(exc, where="plan")
+            return None
+
+    def check_stop(self) -> None:
+        """A safe point: raise ``StopTrainingRequested`` once when a stop was requested."""
+        if self.raise_on_stop and not self._stop_raised and self._stop.requested.is_set():
+            self._stop_raised = True
+            raise StopTrainingRequested(self._stop.signal)
+
+    def record_tensor(self, name: str, value: Any, collections: Sequence[str]) -> bool:
+        """Record a tensor an integration captured at the current step, if a collection is due.
+
+        Throttled by the save configs (unlike ``save_tensor``): recorded only when one of
+        ``collections`` is due at the current step; its statistics are what the selection
+        chooses; its full value only when a due collection has ``save_full``.
+        """
+        return self.record_tensors([(name, value, collections)]) == 1
+
+    def record_tensors(self, items: Iterable[tuple[str, Any, Sequence[str]]]) -> int:
+        """``record_tensor`` for many tensors at once (reduced together: one host copy on an
+        accelerator, ``_foreach`` kernels where they apply). Returns how many were recorded."""
+        if self._disabled:
+            return 0
+        try:
+            with self._lock:
+                plan = self._book.current or self._book.enter()
+                if plan is None or not plan.due:
+                    return 0
+                self._entered(plan)
+                batch: list[tuple[str, Any, list[Collection], TensorChoice, bool]] = []
+                for name, value, names in items:
+                    due = [c for c in names if c in plan.due]
+                    if not due:
+                        continue
+                    cols = [self.collections[c] for c in due if c in self.collections]
+                    choice = self.selection.choose(name, cols, plan.mode.value)
+                    full = any(c.save_full for c in cols)
+                    if choice.empty and not full:
+                        continue
+                    batch.append((name, value, cols, choice, full))
+                return self._record_batch(plan, batch)
+        except StopTrainingRequested:
+            raise
+        except Exception as exc:
+            self._disable(exc, where="record_tensors")
+            return 0
+
+    def record_scalar(self, name: str, value: Any, collections: Sequence[str]) -> bool:
+        """Record a scalar an integration captured (a loss module's output), if a collection is due."""
+        if self._disabled:
+            return False
+        try:
+            with self._lock:
+                plan = self._book.current or self._book.enter()
+                if plan is None:
+                    return False
+                self._entered(plan)
+                due = [c for c in collections if c in plan.due]
+                if not due:
+                    return False
+                try:
+                    scalar = to_scalar(value)
+                except (TypeError, ValueError) as exc:
+                    self._drop("not_a_scalar", f"scalar:{name}", "skipping scalar %r: %s", name, exc)
+                    return False
+                self._buffer(plan).scalars[name] = (scalar, due)
+                self._received.update(due)
+                self._note_record(64)
+                return True
+        except Exception as exc:
+            self._disable(exc, where="record_scalar")
+            return False
+
+    def collections_for(
+        self, name: str, base: Sequence[str] = (), *, aliases: Sequence[str] = ()
+    ) -> tuple[str, ...]:
+        """``base`` plus every collection whose ``include_regex`` (``re.search``, as smdebug) or
+        ``tensor_names`` takes ``name`` or one of its ``aliases`` (a parameter's name without
+        smdebug's model prefix); cached: edit collections before the first step."""
+        key = (name, tuple(base), tuple(aliases))
+        cached = self._regex_cache.get(key)
+        if cached is None:
+            names = (name, *aliases)
+            out = list(base)
+            for col in self.collections.values():
+                if col.name in out:
+                    continue
+                if any(n in col.tensor_names for n in names) or any(
+                    search(r, n) for r in col.include_regex for n in names
+                ):
+                    out.append(col.name)
+            cached = tuple(out)
+            if len(self._regex_cache) < 100_000:
+                self._regex_cache[key] = cached
+        return cached
+
+    def add_framework(self, name: str, version: str | None, *, produces: Iterable[str] = ()) -> None:
+        """An integration announces itself: named in the manifest; ``produces`` lists the
+        collections it can capture (the hook warns at the first step about what a configured
+        rule reads and no integration produces)."""
+        self._frameworks[name] = version
+        self._producers.setdefault(name, set()).update(produces)
+
+    def set_tensor_order(self, names: Sequence[str]) -> None:
+        """Tensors are written in this order (a model's parameters, then anything else)."""
+        with self._lock:
+            for name in names:
+                self._order.setdefault(name, len(self._order))
+
+    def guard(self, fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+        """Wrap an integration callback: an error disables the hook (logged once, with its
+        traceback) instead of reaching the training loop; ``StopTrainingRequested`` passes."""
+
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if self._disabled:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except StopTrainingRequested:
+                raise
+            except Exception as exc:
+                self._disable(exc, where=where)
+                return None
+
+        return inner
+
+    # ------------------------------------------------------------------ recording (lock held)
+    def _enter_user(self, step: Any, mode: Any) -> StepPlan | None:
+        """Enter a step for a user's explicit save; a bad or old step is counted and skipped."""
+        if self._closed:
+            self._drop("after_close", "closed", "ignoring a save after close(): the job's data is final")
+            return None
+        try:
+            s = None if step is None else check_step(step)
+            m = None if mode is None else parse_mode(mode)
+        except ValueError as exc:
+            self._drop("bad_argument", f"arg:{exc}", "ignoring a save call: %s", exc)
+            return None
+        plan = self._book.enter(s, m)
+        if plan is None:
+            self._drop(
+                "step_already_written",
+                f"old:{self._book.step}",
+                "ignoring saves for step %d: step %d was already written (steps must increase)",
+                self._book.step,
+                self._book.sealed_step,
+            )
+            return None
+        self._entered(plan)
+        return plan
+
+    def _entered(self, plan: StepPlan) -> None:
+        if not self._manifest_sent:
+            self._send_manifest()
+        if not self._first_step_checked:
+            self._first_step_checked = True
+            self._check_inputs()
+        if self._monitor is not None:
+            self._time_step()
+
+    def _buffer(self, plan: StepPlan) -> ModeBuffer:
+        record = self._record
+        if record is None or record.step != plan.step:
+            record = self._record = StepRecord(plan.step, time.time())
+        buf = record.modes.get(plan.mode.value)
+        if buf is None:
+            buf = record.modes[plan.mode.value] = ModeBuffer(plan.mode_step)
+        return buf
+
+    def _note_record(self, nbytes: int) -> None:
+        if self._record is not None:
+            self._record.nbytes += nbytes
+
+    def _record_batch(
+        self, plan: StepPlan, batch: list[tuple[str, Any, list[Collection], TensorChoice, bool]]
+    ) -> int:
+        torch_items = [b for b in batch if is_torch(b[1])]
+        if len(torch_items) > 1:
+            pending = torch_stats_many(
+                [b[1] for b in torch_items],
+                [None if b[3].spec.is_empty() else b[3].spec for b in torch_items],
+            )
+            pre = {id(b[1]): p for b, p in zip(torch_items, pending, strict=True)}
+        else:
+            pre = {}
+        done = 0
+        for name, value, cols, choice, full in batch:
+            if self._record_tensor(
+                plan, name, value, cols, choice, full=full, due_full=full, stats=pre.get(id(value))
+            ):
+                done += 1
+        return done
+
+    def _record_tensor(
+        self,
+        plan: StepPlan,
+        name: str,
+        value: Any,
+        cols: list[Collection],
+        choice: TensorChoice,
+        *,
+        full: bool,
+        due_full: bool,
+        stats: PendingStats | TensorStats | None = None,
+    ) -> bool:
+        """Reduce (and copy, if asked) one tensor into the current step's record."""
+        torch_value = is_torch(value)
+        spec = choice.spec
+        copy: Any = None
+        try:
+            if torch_value:
                 dtype = str(value.dtype).removeprefix("torch.")
                 shape = [int(d) for d in value.shape]
-                copy = value.detach().to("cpu", copy=True) if full else None
-                if copy is not None and dtype not in _TORCH_STORABLE:
-                    self._warn_once(
-                        f"dtype:{name}",
-                        "cannot store tensor %r of dtype %s in full; statistics only",
-                        name,
-                        dtype,
-                    )
-                    copy = None
+                if stats is None and not spec.is_empty():
+                    stats = torch_stats(value, spec)
+                if full:
+                    if dtype in TORCH_STORABLE:
+                        copy = host_copy(value)
+                    else:
+                        self._drop(
+                            "dtype_not_storable",
+                            f"dtype:{name}",
+                            "cannot store tensor %r of dtype %s in full; statistics only",
+                            name,
+                            dtype,
+                        )
             else:
                 array = np.asarray(value)
-                stats = numpy_stats(array, spec)
                 dtype, shape = array.dtype.name, [int(d) for d in array.shape]
-                copy = np.array(array, copy=True) if full else None
-                if copy is not None and not _numpy_storable(copy.dtype):
-                    self._warn_once(
-                        f"dtype:{name}",
-                        "cannot store tensor %r of dtype %s in full; statistics only",
-                        name,
-                        dtype,
-                    )
-                    copy = None
+                if stats is None and not spec.is_empty():
+                    stats = numpy_stats(array, spec)
+                if full:
+                    if numpy_storable(array.dtype):
+                        copy = np.array(array, copy=True)
+                    else:
+                        self._drop(
+                            "dtype_not_storable",
+                            f"dtype:{name}",
+                            "cannot store tensor %r of dtype %s in full; statistics only",
+                            name,
+                            dtype,
+                        )
         except TypeError as exc:
-            self._warn_once(f"type:{name}", "skipping tensor %r: %s", name, exc)
+            self._drop("unsupported_value", f"type:{name}", "skipping tensor %r: %s", name, exc)
             return False
-        if any(c.update_norm for c in cols):
-            stats = self._with_update_norm(name, value, stats, is_torch)
         if len(shape) > stepfile.MAX_NDIM:
-            self._warn_once(
-                f"ndim:{name}", "skipping tensor %r: more than %d dimensions", name, stepfile.MAX_NDIM
+            self._drop(
+                "too_many_dimensions",
+                f"ndim:{name}",
+                "skipping tensor %r: more than %d dimensions",
+                name,
+                stepfile.MAX_NDIM,
             )
             return False
-        self._mode_buffer().tensors[name] = _PendingTensor([c.name for c in cols], dtype, shape, stats, copy)
+        if choice.update_norm and stats is not None:
+            stats = self._with_update_norm(name, value, stats, torch_value)
+        buf = self._buffer(plan)
+        buf.tensors[name] = PendingTensor([c.name for c in cols], dtype, shape, stats, copy)
+        assert self._record is not None
+        self._record.nbytes += 512 + nbytes(copy)
+        if due_full and copy is not None:
+            self._record.full_due = True
+        self._received.update(c.name for c in cols)
         return True
 
     def _with_update_norm(
@@ -553,120 +870,84 @@ class Hook:
             return stats
         return stats.model_copy(update={"update_l2": float(update)})
 
+    def _seal(self, _step: int) -> None:
+        """Hand the current step's record to the writer (the book is leaving that step)."""
+        record, self._record = self._record, None
+        if record is None:
+            return
+        self._book.sealed_step = record.step
+        self._writer.submit(record)
+
+    def _drop(self, reason: str, key: str, message: str, *args: Any) -> None:
+        self._drops.add(reason)
+        self.warn_once(key, message + " (counted as dropped: %s)", *args, reason)
+
+    # ------------------------------------------------------------------ can the rules be fed?
+    def _check_inputs(self) -> None:
+        self._coverage.first_step(self._producers)
+
+    def _check_received(self) -> None:
+        if not self._disabled:
+            self._coverage.at_close(self._received)
+
     # ------------------------------------------------------------------ framework integration
     @_guarded()
     def register_module(self, module: Any) -> None:
         """Hook a PyTorch module: steps advance on each of its forwards; weights, gradients and
-        activations are saved per the collections (see ``trainguard.hook.torch_support``)."""
-        from trainguard.hook.torch_support import TorchIntegration
-
-        if self._torch is None:
-            self._torch = TorchIntegration(self)
-        self._torch.register_module(module)
+        activations are recorded per the collections (see ``trainguard.hook.torch_support``)."""
+        self._torch_integration().register_module(module)
 
     @_guarded()
     def register_loss(self, loss_module: Any) -> None:
-        """Save a loss module's output (``losses``) and, when included, its inputs
+        """Record a loss module's output (``losses``) and, when included, its inputs
         (``predictions``, ``labels``) on each call."""
-        from trainguard.hook.torch_support import TorchIntegration
+        self._torch_integration().register_loss(loss_module)
 
+    def _torch_integration(self) -> Any:
         if self._torch is None:
+            from trainguard.hook.torch_support import TorchIntegration
+
             self._torch = TorchIntegration(self)
-        self._torch.register_loss(loss_module)
+        return self._torch
 
-    def _framework(self, name: str, version: str | None) -> None:
-        self._frameworks[name] = version
+    # ------------------------------------------------------------------ profiling
+    def timed_loader(self, iterable: Any) -> Any:
+        """Wrap a DataLoader (any iterable): time spent waiting for the next batch is recorded.
 
-    # ------------------------------------------------------------------ due-ness and records
-    def _enter_checked(self, step: Any, mode: Any) -> frozenset[str] | None:
-        """``_enter`` for user-supplied arguments: a bad step or mode is logged and skipped."""
-        try:
-            if step is not None:
-                step = _check_step(step)
-            if mode is not None and not isinstance(mode, ModeKeys):
-                mode = ModeKeys(str(mode).upper())
-        except ValueError as exc:
-            self._warn_once(f"arg:{exc}", "ignoring a save call: %s", exc)
-            return None
-        return self._enter(step, mode)
+        Without ``profiler=`` it returns ``iterable`` unchanged.
+        """
+        return self._monitor.timed_loader(iterable) if self._monitor is not None else iterable
 
-    def _enter(self, step: int | None, mode: ModeKeys | str | None) -> frozenset[str] | None:
-        """Make (step, mode) current and return the collections due there (None: too old)."""
-        m = (
-            self._mode
-            if mode is None
-            else (mode if isinstance(mode, ModeKeys) else ModeKeys(str(mode).upper()))
-        )
-        explicit = step is not None
-        if step is not None:
-            step = _check_step(step)
-            if step != self._step:
-                self._seal()
-                self._step = step
-                self._entered = None
-        if self._monitor is not None:
-            self._time_step()
-        if self._entered == (self._step, m):
-            return self._due
-        if self._sealed_step is not None and self._step <= self._sealed_step:
-            self._warn_once(
-                f"old:{self._step}",
-                "ignoring saves for step %d: step %d was already written (steps must increase)",
-                self._step,
-                self._sealed_step,
-            )
-            return None
-        if not self._manifest_sent:
-            self._send_manifest()
-        if self._mode_global.get(m) != self._step:
-            self._mode_global[m] = self._step
-            # An explicit ``step=`` (a plain loop's own counter) is the mode's step too, so rules
-            # and save intervals count the user's steps; framework integrations count steps
-            # per mode, as smdebug does.
-            self._mode_step[m] = self._step if explicit else self._mode_step.get(m, -1) + 1
-        mode_step = self._mode_step[m]
-        key = (m, mode_step)
-        due = self._due_cache.get(key)
-        if due is None:
-            if len(self._due_cache) > 64:
-                self._due_cache.clear()
-            due = frozenset(
-                name
-                for name, col in self.collections.items()
-                if col.save_config is not None and col.save_config.should_save_step(m, mode_step)
-            )
-            self._due_cache[key] = due
-        self._entered = (self._step, m)
-        self._due = due
-        return due
+    def _emit_system(self, key: str, data: bytes) -> None:
+        """The monitor's batches go through the same writer and delivery (spill, retry)."""
+        self._system_batches += 1
+        self._writer.submit_raw(key, data)
 
-    def _mode_buffer(self) -> _ModeBuffer:
-        assert self._entered is not None
-        step, mode = self._entered
-        if self._record is None:
-            self._record = _StepRecord(step, time.time())
-        buf = self._record.modes.get(mode.value)
-        if buf is None:
-            buf = self._record.modes[mode.value] = _ModeBuffer(self._mode_step[mode])
-        return buf
-
-    def _seal(self) -> None:
-        """Queue the current step's record (if anything was saved). Caller holds the lock."""
-        record, self._record = self._record, None
-        if record is None:
+    def _time_step(self) -> None:
+        """A step boundary for the profiler's step timings (caller holds the lock)."""
+        monitor = self._monitor
+        if monitor is None:
             return
-        self._sealed_step = record.step
-        self._uploader.submit(record)
+        current = (self._book.mode, self._book.step)
+        if self._timed_step == current:
+            return
+        if self._timed_step is None:
+            monitor.mark_initialized()
+        else:
+            monitor.step_ended(self._timed_step[0].value, self._timed_step[1])
+        monitor.step_started(self._book.mode.value, self._book.step)
+        self._timed_step = current
 
+    # ------------------------------------------------------------------ manifest
     def _send_manifest(self) -> None:
         self._manifest_sent = True
         if self.rank == 0:
-            self._uploader.submit_encoded(layout.MANIFEST, dump_document(self.manifest()))
+            self._writer.submit_raw(layout.MANIFEST, dump_document(self.manifest()))
 
     def manifest(self) -> Manifest:
         """The job manifest this hook writes (rank 0, at the first step)."""
         cols = []
-        for col in self.collections.values():
+        for col in list(self.collections.values())[:256]:
             configs: dict[Any, ManifestSaveConfig] = {}
             if col.save_config is not None:
                 for mode, conf in col.save_config.modes.items():
@@ -674,7 +955,7 @@ class Hook:
                         save_interval=conf.interval,
                         start_step=conf.start_step or 0,
                         end_step=conf.end_step,
-                        save_steps=list(conf.save_steps or ()),
+                        save_steps=list(conf.save_steps or ())[:1000],
                     )
             cols.append(
                 ManifestCollection(
@@ -700,104 +981,34 @@ class Hook:
             system_interval_s=self._monitor.interval_s if self._monitor is not None else None,
         )
 
-    # ------------------------------------------------------------------ writer thread
-    def _encode(self, record: _StepRecord) -> tuple[str, bytes]:
-        """Turn a sealed record into (key, bytes). Runs in the writer thread, in step order."""
-        body: dict[str, stepfile.TensorBlob] = {}
-        modes: dict[Any, ModeRecord] = {}
-        for mode, buf in record.modes.items():
-            scalars = {
-                n: ScalarRecord.model_construct(value=_to_float(v), collections=c)
-                for n, (v, c) in buf.scalars.items()
-            }
-            tensors: dict[str, TensorRecord] = {}
-            order = self._order
-            items = (
-                sorted(buf.tensors.items(), key=lambda kv: order.get(kv[0], 1 << 30))
-                if order
-                else buf.tensors.items()
-            )
-            for name, pending in items:
-                stats = pending.stats.finalize() if isinstance(pending.stats, PendingStats) else pending.stats
-                stored = False
-                if pending.full is not None:
-                    body[tensor_key(mode, name)] = _blob(pending.full)
-                    stored = True
-                tensors[name] = TensorRecord.model_construct(
-                    collections=pending.collections[:32],
-                    dtype=pending.dtype,
-                    shape=pending.shape,
-                    stats=stats,
-                    stored=stored,
-                )
-            modes[mode] = ModeRecord.model_construct(
-                mode_step=buf.mode_step, scalars=scalars, tensors=tensors
-            )
-        header = StepHeader(
-            job=self.job_name,
-            step=record.step,
-            worker=self.rank,
-            world_size=self.world_size,
-            prev_step=self._last_written,
-            wall_time=record.wall_time,
-            modes=modes,
-        )
-        data = encode_step(header, body)
-        self._last_written = record.step
-        self._steps_written += 1
-        return layout.step_key(record.step, self.rank), data
-
-    def _writer_error(self, exc: BaseException) -> None:
-        self._disable(exc, where="the background writer")
-
     # ------------------------------------------------------------------ stop signal
-    def _poll_stop(self, interval: float) -> None:
-        failures = 0
-        while not self._closing.wait(interval):
-            try:
-                if not self._store.exists(layout.STOP_SIGNAL):
-                    failures = 0
-                    continue
-                raw = self._store.get(layout.STOP_SIGNAL)
-            except Exception as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning("trainguard: cannot check for the stop signal (%s); will keep trying", exc)
-                continue
-            try:
-                self._stop_signal = parse_document(StopSignal, raw)
-            except ValueError as exc:
-                log.warning("trainguard: the stop signal is malformed (%s); stopping anyway", str(exc)[:200])
-            log.warning(
-                "trainguard: the service asked job %s to stop%s",
-                self.job_name,
-                f" (rule {self._stop_signal.rule}: {self._stop_signal.reason})" if self._stop_signal else "",
-            )
-            self._stop_event.set()
-            return
-
-    def _check_stop(self) -> None:
-        if self._stop_event.is_set() and self.raise_on_stop and not self._stop_raised:
-            self._stop_raised = True
-            raise StopTrainingRequested(self._stop_signal)
-
     def request_stop_check(self) -> bool:
         """Check for the stop signal now (synchronously); returns ``should_stop``."""
-        if not self._stop_event.is_set() and self._store.exists(layout.STOP_SIGNAL):
-            try:
-                self._stop_signal = parse_document(StopSignal, self._store.get(layout.STOP_SIGNAL))
-            except ValueError:
-                self._stop_signal = None
-            self._stop_event.set()
-        return self.should_stop
+        return self._stop.check_now()
 
-    # ------------------------------------------------------------------ closing
-    def close(self) -> None:
-        """Seal the last step, flush within ``flush_timeout_s`` and write this worker's end marker."""
+    # ------------------------------------------------------------------ flushing and closing
+    @_guarded()
+    def flush(self) -> None:
+        """End the current step and write the open window now (e.g. before a checkpoint)."""
         if self._closed:
             return
+        with self._lock:
+            self._seal(self._book.step)
+        self._writer.request_flush()
+
+    def close(self) -> HookReport:
+        """Seal the last step, write the last segment and this worker's end marker; report.
+
+        Waits at most ``flush_timeout_s`` for delivery. What could not be delivered, and
+        anything dropped, is reported loudly (a log error and a summary on stderr) and in the
+        returned ``HookReport``.
+        """
+        if self._closed:
+            assert self._report is not None or self.dry_run
+            return self._report or self._empty_report()
         self._closed = True
-        self._closing.set()
+        started = time.monotonic()
+        self._stop.close()
         try:
             if self._torch is not None:
                 self._torch.remove()
@@ -805,49 +1016,86 @@ class Hook:
                 with self._lock:
                     if self._timed_step is not None:
                         self._monitor.step_ended(self._timed_step[0].value, self._timed_step[1])
-                self._monitor.close()  # flushes its last batch into the uploader
-            if not self._disabled:
+                self._monitor.close()  # flushes its last batch into the writer
+            if not self.dry_run:
                 with self._lock:
-                    self._seal()
+                    self._seal(self._book.step)
                     if not self._manifest_sent:
                         self._send_manifest()
+                self._check_received()
         except Exception as exc:
             self._disable(exc, where="close")
-        self._uploader.close(self.flush_timeout_s)
-        self._write_end_marker()
+        if self.dry_run:
+            self._report = self._empty_report()
+            return self._report
+        try:
+            self._writer.close(self.flush_timeout_s)
+            left = max(0.0, self.flush_timeout_s - (time.monotonic() - started))
+            delivery = self._delivery.close(left)
+            marker_ok = self._write_end_marker(delivery)
+        except Exception as exc:  # never let closing break the end of a job
+            log.error("trainguard: closing the hook failed: %s", exc, exc_info=True)
+            self._report = HookReport(
+                self.job_name, self.rank, self._store.url, self._builder.seq, self._builder.steps_written,
+                undelivered=self._delivery.backlog, undelivered_bytes=0, dropped=self._drops.totals(),
+                error=f"closing failed: {exc}", end_marker_written=False,
+            )  # fmt: skip
+            announce(self._report)
+            return self._report
+        self._report = HookReport(
+            job=self.job_name,
+            worker=self.rank,
+            url=self._store.url,
+            segments=self._builder.seq,
+            steps_written=self._builder.steps_written,
+            undelivered=delivery.undelivered,
+            undelivered_bytes=delivery.undelivered_bytes,
+            dropped=self._drops.totals(),
+            error=delivery.error,
+            spill_dir=delivery.spill_dir,
+            end_marker_written=marker_ok,
+        )
+        if not self._report.ok:
+            announce(self._report)
+        forget_current(self)
+        return self._report
 
-    def _write_end_marker(self) -> None:
-        stats = self._uploader.stats
+    def _empty_report(self) -> HookReport:
+        return HookReport(self.job_name, self.rank, self._store.url, 0, 0, 0, 0)
+
+    def _write_end_marker(self, delivery: DeliveryReport) -> bool:
         marker = EndMarker(
             job=self.job_name,
             worker=self.rank,
             world_size=self.world_size,
-            last_step=self._last_written,
+            last_step=self._builder.prev_step,
             wall_time=time.time(),
             stopped=self.should_stop,
-            dropped_objects=stats.dropped,
-            steps_written=self._steps_written,
-            # after a drop the count would promise a batch that never comes: say nothing then
-            system_batches=self._system_batches if self._monitor is not None and not stats.dropped else None,
+            dropped_objects=delivery.undelivered,
+            steps_written=self._builder.steps_written,
+            # after a lost batch the count would promise a batch that never comes: say nothing then
+            system_batches=self._system_batches
+            if self._monitor is not None and not delivery.undelivered
+            else None,
+            segments=self._builder.seq,
+            dropped=dict(list(self._drops.totals().items())[:32]),
         )
         data = dump_document(marker)
-        for attempt in range(3):
+        attempts = 1 if self._delivery.stats.permanent_failure else 3
+        for attempt in range(attempts):
             try:
                 self._store.put(layout.end_key(self.rank), data)
-                break
+                return True
             except Exception as exc:
-                if attempt == 2:
+                if attempt == attempts - 1:
                     log.error("trainguard: could not write the end marker to %s: %s", self._store.url, exc)
                 else:
                     time.sleep(0.2 * (attempt + 1))
-        if stats.dropped:
-            log.error(
-                "trainguard: job %s worker %d: %d objects were dropped (%d written)",
-                self.job_name,
-                self.rank,
-                stats.dropped,
-                stats.written,
-            )
+        return False
+
+    def _cleanup(self) -> None:
+        """smdebug's name for ``close`` (its tests and scripts call it)."""
+        self.close()
 
     def __enter__(self) -> Hook:
         return self
@@ -856,6 +1104,9 @@ class Hook:
         self.close()
 
     # ------------------------------------------------------------------ errors
+    def _writer_error(self, exc: BaseException) -> None:
+        self._disable(exc, where="the background writer")
+
     def _disable(self, exc: BaseException, where: str) -> None:
         if self._disabled:
             return
@@ -868,89 +1119,46 @@ class Hook:
         try:
             if self._torch is not None:
                 self._torch.remove()
-        except Exception:  # noqa: S110 - already disabled; nothing more to do
-            pass
+        except Exception as inner:
+            log.error("trainguard: could not remove the PyTorch hooks after that error: %s", inner)
 
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """Log a warning once per ``key`` (integrations use it for what they cannot capture)."""
         if key not in self._warned and len(self._warned) < 10_000:
             self._warned.add(key)
             log.warning("trainguard: " + message, *args)
 
     def _valid_name(self, name: Any) -> bool:
-        if isinstance(name, str) and 0 < len(name) <= stepfile.MAX_NAME_CHARS - 8 and name != "__metadata__":
+        if isinstance(name, str) and 0 < len(name) <= stepfile.MAX_NAME_CHARS - 24 and name != "__metadata__":
             return True
-        self._warn_once(f"name:{str(name)[:80]}", "skipping invalid tensor name %r", str(name)[:80])
+        self._drop(
+            "invalid_name", f"name:{str(name)[:80]}", "skipping invalid tensor name %r", str(name)[:80]
+        )
         return False
 
 
-_TORCH_STORABLE = frozenset(
-    {
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "uint16",
-        "uint32",
-        "uint64",
-    }
-)
+def _scalar_collection(name: str) -> str:
+    return CollectionKeys.LOSSES if is_loss_name(name) else CollectionKeys.SCALARS
 
 
-def _numpy_storable(dtype: np.dtype[Any]) -> bool:
-    if dtype.name == "bfloat16":
-        return True
+def _normalized_rules(rules: Any) -> list[dict[str, Any]] | None:
+    """The rule entries of any SageMaker rules document (None: the service's defaults)."""
+    if rules is None:
+        return None
+    from trainguard.rules.sagemaker import normalize_rules  # the rules load only when given
+
+    return normalize_rules(rules).entries()
+
+
+def _parse_rules(rules: list[dict[str, Any]] | None) -> list[Any]:
+    """The configured rules, parsed as the service parses them (None: the default set)."""
+    from trainguard.rules.config import parse_rule_configurations
+
     try:
-        stepfile.TensorBlob.from_numpy(np.zeros(0, dtype=dtype))
-    except stepfile.StepFormatError:
-        return False
-    return True
-
-
-def _blob(value: Any) -> stepfile.TensorBlob:
-    """A full tensor (host copy) as a TensorBlob over its buffer (no extra copy); bfloat16 as raw bits."""
-    if type(value).__module__.startswith("torch"):
-        import torch
-
-        if value.dtype == torch.bfloat16:
-            return _view_blob("BF16", value.contiguous().view(torch.int16).numpy().view(np.uint16))
-        array = value.contiguous().numpy()
-    else:
-        array = np.asarray(value)
-        if array.dtype.name == "bfloat16":
-            return _view_blob("BF16", array.view(np.uint16))
-    blob = stepfile.TensorBlob.from_numpy(np.zeros(0, dtype=array.dtype))  # validates the dtype, names it
-    return _view_blob(blob.dtype, array.astype(array.dtype.newbyteorder("<"), copy=False))
-
-
-def _view_blob(name: str, array: np.ndarray[Any, Any]) -> stepfile.TensorBlob:
-    """Wrap a little-endian array's buffer (copied only if it is not contiguous)."""
-    shape = tuple(int(d) for d in array.shape)
-    flat = np.ascontiguousarray(array).reshape(-1)  # (ascontiguousarray makes 0-d arrays 1-d)
-    data = memoryview(flat).cast("B") if flat.size else b""  # type: ignore[arg-type]
-    return stepfile.TensorBlob(name, shape, data)
-
-
-def _scalar(value: Any) -> Any:
-    """Keep device tensors as they are (converted in the writer: no sync on the hot path)."""
-    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        t = value.detach()
-        if t.numel() != 1:
-            raise TypeError(f"a scalar must have one element, got shape {tuple(t.shape)}")
-        return t if t.device.type != "cpu" else float(t)
-    return _to_float(value)
-
-
-def _to_float(value: Any) -> float:
-    if hasattr(value, "item"):
-        value = value.item()
-    result = float(value)
-    return result if not isinstance(result, bool) else float(result)
+        return parse_rule_configurations(rules)
+    except Exception as exc:  # never let a rules problem stop training
+        log.warning("trainguard: cannot parse the rule configurations here (%s); recording the defaults", exc)
+        return []
 
 
 def _close_at_exit(ref: weakref.ReferenceType[Hook]) -> None:
@@ -960,19 +1168,4 @@ def _close_at_exit(ref: weakref.ReferenceType[Hook]) -> None:
         hook.close()
 
 
-def _rule_to_invoke(entry: Any) -> Any:
-    params = entry.get("RuleParameters") if isinstance(entry, Mapping) else None
-    return params.get("rule_to_invoke") if isinstance(params, Mapping) else None
-
-
-def _check_step(step: Any) -> int:
-    if (
-        isinstance(step, bool)
-        or not isinstance(step, int | np.integer)
-        or not 0 <= int(step) <= layout.MAX_STEP
-    ):
-        raise ValueError(f"step must be an integer in 0..{layout.MAX_STEP}, got {step!r}")
-    return int(step)
-
-
-__all__ = ["Hook", "StopTrainingRequested"]
+__all__ = ["Hook", "HookReport", "StopTrainingRequested", "del_hook", "get_hook"]

@@ -46,3 +46,56 @@ def sagemaker_training_job_name(environ: Mapping[str, str] | None = None) -> str
     env = os.environ if environ is None else environ
     name = env.get("TRAINING_JOB_NAME")
     return name[:256] if name else None
+
+
+#: the job folder, set by ``trainguard local`` (and by whoever wants ``Hook()`` without arguments)
+OUT_DIR_VAR = "TRAINGUARD_OUT_DIR"
+#: SageMaker writes the DebugHookConfig of CreateTrainingJob here (smdebug reads the same file)
+SAGEMAKER_HOOK_CONFIG = "/opt/ml/input/config/debughookconfig.json"
+SAGEMAKER_HOOK_CONFIG_VAR = "SMDEBUG_CONFIG_FILE_PATH"
+
+
+class OutDirMissing(ValueError):
+    """``Hook()`` was given no ``out_dir`` and the environment names none."""
+
+
+def sagemaker_hook_config_path(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(SAGEMAKER_HOOK_CONFIG_VAR) or SAGEMAKER_HOOK_CONFIG
+
+
+def resolve_out_dir(environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """``(out_dir, job_name)`` for a ``Hook()`` created without ``out_dir``.
+
+    1. ``TRAINGUARD_OUT_DIR`` (``trainguard local`` sets it; so can an estimator's
+       ``environment=``); the job name is its last component.
+    2. On SageMaker (``TRAINING_JOB_NAME`` is set): the ``S3OutputPath`` of the job's
+       ``DebugHookConfig`` (``/opt/ml/input/config/debughookconfig.json``, or the file named by
+       ``SMDEBUG_CONFIG_FILE_PATH``), with the training job's name as the job folder.
+
+    Raises ``OutDirMissing`` naming both when neither is there.
+    """
+    from trainguard.hook.sagemaker import load_hook_config, sagemaker_out_dir
+
+    env = os.environ if environ is None else environ
+    value = env.get(OUT_DIR_VAR, "").strip()
+    if value:
+        return value, None
+    job = sagemaker_training_job_name(env)
+    path = sagemaker_hook_config_path(env)
+    if job:
+        config = load_hook_config(path, missing_ok=True)
+        out = sagemaker_out_dir(config, job) if config is not None else None
+        if out is not None:
+            return out, job
+        detail = (
+            f"this is SageMaker training job {job!r}, but {path} has no S3OutputPath "
+            "(give the estimator a debugger_hook_config with s3_output_path)"
+        )
+    else:
+        detail = "TRAINING_JOB_NAME is not set, so this is not a SageMaker training job"
+    raise OutDirMissing(
+        "trainguard.Hook() needs a job folder: pass out_dir (s3://bucket/jobs/<job> or a local "
+        f"folder), or set {OUT_DIR_VAR}, or run as a SageMaker training job with a DebugHookConfig "
+        f"(TRAINING_JOB_NAME and S3OutputPath in {SAGEMAKER_HOOK_CONFIG}); {detail}"
+    )

@@ -212,11 +212,53 @@ class S3Store(Store):
         return sorted(keys)
 
 
-def _error_code(exc: Exception) -> str:
+def _error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         return str(response.get("Error", {}).get("Code", ""))
     return ""
+
+
+#: S3 error codes after which retrying the same request cannot succeed by itself
+_PERMANENT_CODES = {
+    "NoSuchBucket": "the bucket {bucket} does not exist",
+    "AccessDenied": "access denied: these credentials may not write (s3:PutObject) to {url}",
+    "403": "access denied: these credentials may not write (s3:PutObject) to {url}",
+    "AllAccessDisabled": "all access to the bucket {bucket} is disabled",
+    "InvalidAccessKeyId": "the AWS access key is not valid (InvalidAccessKeyId)",
+    "SignatureDoesNotMatch": "the AWS secret key does not match the access key (SignatureDoesNotMatch)",
+    "ExpiredToken": "the AWS credentials have expired (ExpiredToken)",
+    "InvalidToken": "the AWS session token is not valid (InvalidToken)",
+    "InvalidBucketName": "{bucket} is not a valid bucket name",
+    "KMS.AccessDeniedException": "the bucket's KMS key may not be used by these credentials",
+}
+
+
+def describe_failure(url: str, exc: BaseException) -> tuple[bool, str]:
+    """A failed write in plain words: (permanent, "cannot write to <url>: <why>").
+
+    Permanent: retrying cannot help until someone fixes something (a missing bucket, no
+    access, no or bad credentials, a read-only folder). Otherwise a transient failure
+    (timeouts, throttling, a connection reset) that retries usually get past.
+    """
+    cause: BaseException = exc
+    while cause.__cause__ is not None and not _error_code(cause):
+        cause = cause.__cause__
+    code = _error_code(cause)
+    bucket = url.removeprefix("s3://").split("/", 1)[0]
+    if code in _PERMANENT_CODES:
+        return True, f"cannot write to {url}: " + _PERMANENT_CODES[code].format(bucket=bucket, url=url)
+    name = type(cause).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+        return True, f"cannot write to {url}: no AWS credentials were found ({name})"
+    if name in ("EndpointConnectionError", "ConnectTimeoutError"):
+        return False, f"cannot write to {url}: the S3 endpoint cannot be reached ({cause})"
+    if isinstance(cause, PermissionError):
+        return True, f"cannot write to {url}: permission denied ({cause})"
+    if isinstance(cause, OSError) and cause.errno in (30, 28):  # EROFS, ENOSPC
+        return True, f"cannot write to {url}: {cause.strerror or cause}"
+    detail = str(exc)[:300]
+    return False, f"cannot write to {url}: {detail}"
 
 
 def _read_error(url: str, key: str, exc: Exception) -> StoreError:

@@ -1,40 +1,78 @@
 """PyTorch integration: module hooks that feed ``Hook`` (imported only on ``register_module``).
 
-What is hooked, and why this way:
+It uses only the hook's public recording interface (``plan``, ``record_tensors``,
+``record_scalar``, ``collections_for``, ``check_stop``, ``advance_step``, ``guard``,
+``add_framework``, ``set_tensor_order``). What is hooked, and why this way:
 
-* **Top module forward pre-hook**: advances the step (each forward after the first, like
-  smdebug), checks the stop signal at this safe point, decides once which collections are
-  due, and saves weights/biases (the values this forward uses) and model inputs.
-* **Gradients**: a tensor hook per parameter (``Tensor.register_hook``), called by
-  autograd with the gradient during ``backward()``. Reading ``param.grad`` at the next
-  forward would be cheaper still, but the usual loop calls ``optimizer.zero_grad()``
-  *before* the forward, so the gradients are gone by then. On a step that is not due
-  the tensor hook returns at once (one Python call per parameter per backward).
-  Under DDP these are the local gradients, before the all-reduce.
+* **Top module forward pre-hook** (always): advances the step (each forward after the first,
+  like smdebug), checks the stop signal at this safe point, asks the hook what is due, and
+  records weights/biases (the values this forward uses) and model inputs. On a step where
+  nothing is due that is all that runs: a few Python calls per step.
+* Everything else is installed **only on steps where it is due**, and removed at the next
+  step, so a step with nothing due keeps PyTorch's hook-free fast path in every submodule:
+* **Gradients**: on a due step, a hook on the model's output tensor queues one callback at
+  the end of ``backward()`` (autograd's ``queue_callback``), which records every parameter's
+  ``.grad`` in one batch (``Hook.record_tensors``: one pass per gradient, ``_foreach``
+  kernels on an accelerator) instead of a Python hook per parameter. These are the gradients
+  the optimizer will apply (after DDP's all-reduce; accumulated, under gradient
+  accumulation). Where ``queue_callback`` is unavailable, a multi-gradient hook over the
+  parameters is used instead (the incoming gradients).
 * **Activations**: forward hooks on ``nn.ReLU``/``nn.ReLU6`` (``relu_output``,
-  ``relu_input``), ``nn.Tanh`` (``tanh_input``) and ``nn.Sigmoid`` (``sigmoid_input``)
-  modules, registered only when those collections are saved. Functional calls
-  (``F.relu``) cannot be seen; use modules for the layers you want checked. A module
-  called several times in one forward gets ``_1``, ``_2``... suffixes.
-* **Loss**: ``register_loss`` adds a forward hook on the loss module: its output goes to
-  ``losses`` as ``<LossClass>_output_0`` (smdebug's name); its inputs to ``predictions``
-  and ``labels`` when included.
+  ``relu_input``), ``nn.Tanh`` (``tanh_input``) and ``nn.Sigmoid`` (``sigmoid_input``).
+  Functional calls (``F.relu``) cannot be seen; use modules for the layers you want checked.
+  A module called several times in one forward gets ``_1``, ``_2``... suffixes.
+* **Module inputs/outputs** (smdebug's ``<module>_input_<i>``/``<module>_output_<i>``) for
+  modules a collection asks for: ``include_regex`` matching those names, ``save_all``,
+  ``Collection.add_module_tensors``.
+* **Loss** (always, once registered): ``register_loss`` adds a forward hook on the loss
+  module: its output goes to ``losses`` as ``<LossClass>_output_0`` (smdebug's name); its
+  inputs to ``predictions`` and ``labels`` when those are due.
 
-Tensor names: parameters by their ``named_parameters()`` name (``fc1.weight``), gradients
-``gradient/<param>`` (smdebug's), activations ``<module>/relu_output`` etc. (matching the
-rules' ``.*relu_output`` regexes), model inputs/outputs ``model_input_<i>``/``model_output_<i>``.
+Tensor names are smdebug's: parameters ``<Model>_<named_parameters() name>``
+(``Net_fc1.weight``), gradients ``gradient/<that>``, model inputs/outputs
+``<Model>_input_<i>``/``<Model>_output_<i>``, submodule inputs/outputs
+``<qualified name>_input_<i>``/``_output_<i>`` (``<Model>`` is the class name of the
+registered module); activations ``<qualified name>/relu_output`` etc. (matching the rules'
+``.*relu_output`` regexes); the loss module's inputs ``<LossClass>/predictions`` and
+``<LossClass>/labels`` (ClassImbalance's ``.*labels``/``.*predictions``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainguard.hook.config import CollectionKeys as K
-from trainguard.hook.core import Hook, StopTrainingRequested
+from trainguard.hook.core import Hook
+from trainguard.hook.steps import StepPlan
 
-_ACTIVATION_COLLECTIONS = frozenset({K.RELU_OUTPUT, K.RELU_INPUT, K.TANH_INPUT, K.SIGMOID_INPUT, K.DEFAULT})
+_KIND_COLLECTIONS: dict[str, tuple[str, ...]] = {
+    "relu": (K.RELU_OUTPUT, K.RELU_INPUT),
+    "tanh": (K.TANH_INPUT,),
+    "sigmoid": (K.SIGMOID_INPUT,),
+}
+
+
+@dataclass
+class _Param:
+    name: str
+    grad_name: str
+    param: Any
+    #: the ``named_parameters()`` name (``fc1.weight``): regexes may be written against it
+    plain: str = ""
+    collections: tuple[str, ...] = ()
+    grad_collections: tuple[str, ...] = ()
+
+
+@dataclass
+class _Module:
+    qual: str
+    module: Any
+    kind: str | None
+    #: collections of its ``_input_<i>``/``_output_<i>`` tensors (regex collections)
+    io_collections: tuple[str, ...] = ()
 
 
 class TorchIntegration:
@@ -43,20 +81,20 @@ class TorchIntegration:
 
         self.torch = torch
         self.hook = hook
-        hook._framework("pytorch", str(torch.__version__))
-        self.handles: list[Any] = []
         self.top: Any = None
+        self.top_name = "Model"
+        self._permanent: list[Any] = []
+        self._dynamic: list[Any] = []
+        self._params: list[_Param] = []
+        self._modules: list[_Module] = []
         self._seen_forward = False
-        self._params: list[tuple[str, Any, str]] = []
-        self._regex_params: list[tuple[str, Any]] = []
-        self._act_due = False
-        self._grad_due = False
+        self._resolved = False
+        self._plan: StepPlan | None = None
         self._calls: dict[str, int] = {}
-        self._calls_key: Any = None
-        self._regex = [re.compile(r) for r in hook.include_regex]
-
-    def _matches(self, name: str) -> bool:
-        return any(p.match(name) for p in self._regex)
+        self._grad_pending = False
+        self._losses: list[Any] = []
+        self._input_collections: dict[str, tuple[str, ...]] = {}
+        hook.add_framework("pytorch", str(torch.__version__))
 
     # ------------------------------------------------------------------ registration
     def register_module(self, module: Any) -> None:
@@ -68,48 +106,54 @@ class TorchIntegration:
                 return
             raise ValueError("a hook follows one top module; register the outer model once")
         self.top = module
-        cols = self.hook.collections
-        self.handles.append(module.register_forward_pre_hook(self._guard(self._pre_forward)))
-        if K.OUTPUTS in cols or self._regex:
-            self.handles.append(module.register_forward_hook(self._guard(self._post_forward)))
-        for index, (name, param) in enumerate(module.named_parameters()):
-            self.hook._order[name] = index
-            self.hook._order[f"gradient/{name}"] = index
-            col = K.BIASES if name.endswith("bias") else K.WEIGHTS
-            if col in cols:
-                self._params.append((name, param, col))
-            elif self._matches(name):
-                self._regex_params.append((name, param))
-            grad_name = f"gradient/{name}"
-            if param.requires_grad and (K.GRADIENTS in cols or self._matches(grad_name)):
-                target = K.GRADIENTS if K.GRADIENTS in cols else K.DEFAULT
-                self.handles.append(param.register_hook(self._guard(self._make_grad_hook(grad_name, target))))
+        self.top_name = str(module._get_name())  # type: ignore[no-untyped-call]  # smdebug's model name
+        order: list[str] = []
+        for name, param in module.named_parameters():
+            smd = f"{self.top_name}_{name}"
+            self._params.append(_Param(smd, f"gradient/{smd}", param, name))
+            order.append(smd)
+        self.hook.set_tensor_order(order + [p.grad_name for p in self._params])
+        produced = {K.WEIGHTS, K.BIASES, K.GRADIENTS, K.INPUTS, K.OUTPUTS, K.DEFAULT, K.ALL}
         for qual, sub in module.named_modules():
             if sub is module:
                 continue
             kind = self._activation_kind(sub)
-            wants_regex = bool(self._regex) and (
-                self._matches(f"{qual}_input_0") or self._matches(f"{qual}_output_0")
-            )
-            if (kind is not None and self._kind_collections(kind) & cols.keys()) or wants_regex:
-                self.handles.append(
-                    sub.register_forward_hook(self._guard(self._make_act_hook(qual, kind, wants_regex)))
-                )
+            if kind is not None:
+                produced.update(_KIND_COLLECTIONS[kind])
+            self._modules.append(_Module(qual, sub, kind))
+        hook = self.hook
+        hook.add_framework("pytorch", str(self.torch.__version__), produces=produced)
+        self._permanent.append(
+            module.register_forward_pre_hook(hook.guard(self._pre_forward, "a PyTorch hook"))
+        )
 
     def register_loss(self, loss_module: Any) -> None:
         if not isinstance(loss_module, self.torch.nn.Module):
             raise TypeError(
                 "register_loss needs a torch.nn.Module (e.g. nn.CrossEntropyLoss()), "
                 f"got {type(loss_module).__name__}; "
-                "for a functional loss call hook.save_scalar(name, loss, collections=['losses'])"
+                "for a functional loss call hook.save_scalar(name, loss)"
             )
-        name = f"{type(loss_module).__name__}_output_0"
-        self.handles.append(loss_module.register_forward_hook(self._guard(self._make_loss_hook(name))))
+        name = str(loss_module._get_name())  # type: ignore[no-untyped-call]
+        self._losses.append(loss_module)
+        self.hook.add_framework(
+            "pytorch", str(self.torch.__version__), produces={K.LOSSES, K.LABELS, K.PREDICTIONS}
+        )
+        self._permanent.append(
+            loss_module.register_forward_hook(self.hook.guard(self._make_loss_hook(name), "the loss hook"))
+        )
 
     def remove(self) -> None:
-        handles, self.handles = self.handles, []
+        self._remove_dynamic()
+        handles, self._permanent = self._permanent, []
         for handle in handles:
             handle.remove()
+
+    def _remove_dynamic(self) -> None:
+        handles, self._dynamic = self._dynamic, []
+        for handle in handles:
+            handle.remove()
+        self._grad_pending = False
 
     def _activation_kind(self, sub: Any) -> str | None:
         nn = self.torch.nn
@@ -121,145 +165,201 @@ class TorchIntegration:
             return "sigmoid"
         return None
 
-    @staticmethod
-    def _kind_collections(kind: str | None) -> set[str]:
-        return {
-            "relu": {K.RELU_OUTPUT, K.RELU_INPUT},
-            "tanh": {K.TANH_INPUT},
-            "sigmoid": {K.SIGMOID_INPUT},
-        }.get(kind or "", set())
+    def _resolve(self) -> None:
+        """Collections of every name (regexes, ``add_module_tensors``), once, at the first step."""
+        self._resolved = True
+        hook = self.hook
+        quals = {id(m.module): m.qual for m in self._modules}
+        quals[id(self.top)] = self.top_name
+        for col in hook.collections.values():
+            for module, inputs, outputs in col.modules.values():
+                qual = quals.get(id(module))
+                if qual is None:
+                    hook.warn_once(
+                        f"module:{col.name}:{id(module)}",
+                        "collection %s: add_module_tensors got a module that is not part of the registered "
+                        "model; its tensors are not saved",
+                        col.name,
+                    )
+                    continue
+                if inputs:
+                    col.include("^" + re.escape(qual) + "_input_")
+                if outputs:
+                    col.include("^" + re.escape(qual) + "_output_")
+        hook.collections_changed()
+        for p in self._params:
+            base = K.BIASES if p.name.endswith("bias") else K.WEIGHTS
+            p.collections = hook.collections_for(p.name, (base,), aliases=(p.plain,))
+            p.grad_collections = hook.collections_for(
+                p.grad_name, (K.GRADIENTS,), aliases=(f"gradient/{p.plain}",)
+            )
+        for m in self._modules:
+            regex_cols = set(hook.collections_for(f"{m.qual}_input_0")) | set(
+                hook.collections_for(f"{m.qual}_output_0")
+            )
+            m.io_collections = tuple(sorted(regex_cols))
 
     # ------------------------------------------------------------------ callbacks
-    def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        hook = self.hook
-
-        def inner(*args: Any) -> Any:
-            if hook._disabled:
-                return None
-            try:
-                fn(*args)
-            except StopTrainingRequested:
-                raise
-            except Exception as exc:
-                hook._disable(exc, where=f"a PyTorch hook ({getattr(fn, '__name__', 'callback')})")
-            return None
-
-        return inner
-
-    def _enter(self) -> frozenset[str] | None:
-        hook = self.hook
-        due = hook._enter(None, None)
-        active = due or frozenset()
-        self._act_due = bool(active & _ACTIVATION_COLLECTIONS)
-        self._grad_due = K.GRADIENTS in active or K.DEFAULT in active
-        if self._calls_key != hook._entered:
-            self._calls_key = hook._entered
-            self._calls = {}
-        return due
-
     def _pre_forward(self, module: Any, args: Any) -> None:
         hook = self.hook
+        self._remove_dynamic()
         if self._seen_forward:
             hook.advance_step()  # checks the stop signal; raises StopTrainingRequested at most once
-            if hook._disabled:
-                return
         else:
             self._seen_forward = True
-            hook._check_stop()
-            with hook._lock:
-                hook._time_step()
-        with hook._lock:
-            due = self._enter()
-            if not due:
-                return
-            for name, param, col in self._params:
-                if col in due:
-                    hook._save_tensor_now(name, param, [hook.collections[col]])
-            if K.DEFAULT in due:
-                for name, param in self._regex_params:
-                    hook._save_tensor_now(name, param, [hook.collections[K.DEFAULT]])
-            if K.INPUTS in due:
-                for i, value in enumerate(args if isinstance(args, tuple) else (args,)):
-                    if isinstance(value, self.torch.Tensor):
-                        hook._save_tensor_now(f"model_input_{i}", value, [hook.collections[K.INPUTS]])
+            hook.check_stop()
+        plan = hook.plan()
+        if plan is not self._plan:
+            self._plan = plan
+            self._calls = {}
+        if plan is None or not plan.due:
+            return
+        if not self._resolved:
+            self._resolve()
+        due = plan.due
+        hook.record_tensors(
+            (p.name, p.param.detach(), p.collections) for p in self._params if due.intersection(p.collections)
+        )
+        values = args if isinstance(args, tuple) else (args,)
+        inputs = [
+            (f"{self.top_name}_input_{i}", v)
+            for i, v in enumerate(values)
+            if isinstance(v, self.torch.Tensor)
+        ]
+        hook.record_tensors((n, v, self._top_cols(n, K.INPUTS)) for n, v in inputs)
+        self._install(due)
+
+    def _top_cols(self, name: str, base: str) -> tuple[str, ...]:
+        cols = self._input_collections.get(name)
+        if cols is None:
+            cols = self._input_collections[name] = self.hook.collections_for(name, (base,))
+        return cols
+
+    def _install(self, due: frozenset[str]) -> None:
+        """The hooks this step needs (removed at the next step)."""
+        hook = self.hook
+        wants_grads = any(due.intersection(p.grad_collections) for p in self._params)
+        wants_outputs = bool(due.intersection(self._top_cols(f"{self.top_name}_output_0", K.OUTPUTS)))
+        if wants_grads or wants_outputs:
+            self._dynamic.append(
+                self.top.register_forward_hook(hook.guard(self._post_forward, "a PyTorch hook"))
+            )
+        if wants_grads and not _can_queue_callback(self.torch):
+            self._install_multi_grad(due)
+        for m in self._modules:
+            kind_due = m.kind is not None and due.intersection(_KIND_COLLECTIONS[m.kind])
+            io_due = due.intersection(m.io_collections)
+            if kind_due or io_due:
+                fn = self._make_module_hook(m)
+                self._dynamic.append(m.module.register_forward_hook(hook.guard(fn, f"a hook on {m.qual}")))
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
-        hook = self.hook
-        with hook._lock:
-            due = self._enter()
-            if not due or K.OUTPUTS not in due:
-                return
-            outputs = output if isinstance(output, tuple | list) else (output,)
-            for i, value in enumerate(outputs):
-                if isinstance(value, self.torch.Tensor):
-                    hook._save_tensor_now(f"model_output_{i}", value, [hook.collections[K.OUTPUTS]])
+        plan = self._plan
+        if plan is None:
+            return
+        outputs = output if isinstance(output, tuple | list) else (output,)
+        tensors = [v for v in outputs if isinstance(v, self.torch.Tensor)]
+        self.hook.record_tensors(
+            (f"{self.top_name}_output_{i}", v, self._top_cols(f"{self.top_name}_output_{i}", K.OUTPUTS))
+            for i, v in enumerate(tensors)
+        )
+        wants_grads = any(plan.due.intersection(p.grad_collections) for p in self._params)
+        if wants_grads and _can_queue_callback(self.torch) and not self._grad_pending:
+            target = next((t for t in tensors if t.requires_grad), None)
+            if target is not None:
+                self._grad_pending = True
+                on_grad = self.hook.guard(self._on_output_grad, "the gradient hook")
+                self._dynamic.append(target.register_hook(on_grad))  # type: ignore[no-untyped-call]
 
-    def _make_grad_hook(self, name: str, target: str) -> Callable[[Any], None]:
-        hook = self.hook
+    def _on_output_grad(self, grad: Any) -> None:
+        # backward has started: record the gradients once it has finished
+        self.torch.autograd.Variable._execution_engine.queue_callback(
+            self.hook.guard(self._after_backward, "the gradient hook")
+        )
 
-        def on_grad(grad: Any) -> None:
-            if not self._grad_due:
-                return
-            with hook._lock:
-                due = self._enter()
-                if due and target in due:
-                    hook._save_tensor_now(name, grad, [hook.collections[target]])
+    def _after_backward(self) -> None:
+        self._grad_pending = False
+        self.hook.record_tensors(
+            (p.grad_name, p.param.grad, p.grad_collections) for p in self._params if p.param.grad is not None
+        )
 
-        on_grad.__name__ = "gradient hook"
-        return on_grad
+    def _install_multi_grad(self, due: frozenset[str]) -> None:
+        params = [p for p in self._params if p.param.requires_grad and due.intersection(p.grad_collections)]
+        if not params:
+            return
 
-    def _make_act_hook(self, qual: str, kind: str | None, regex: bool) -> Callable[..., None]:
-        hook = self.hook
-        collections = hook.collections
+        def on_grads(grads: Sequence[Any]) -> None:
+            self.hook.record_tensors(
+                (p.grad_name, g, p.grad_collections)
+                for p, g in zip(params, grads, strict=True)
+                if g is not None
+            )
 
+        register = self.torch.autograd.graph.register_multi_grad_hook
+        self._dynamic.append(
+            register([p.param for p in params], self.hook.guard(on_grads, "the gradient hook"), mode="all")
+        )
+
+    def _make_module_hook(self, m: _Module) -> Callable[..., None]:
         def on_forward(module: Any, inputs: Any, output: Any) -> None:
-            if not self._act_due:
-                return
-            with hook._lock:
-                due = self._enter()
-                if not due:
-                    return
-                count = self._calls.get(qual, 0)
-                self._calls[qual] = count + 1
-                suffix = f"_{count}" if count else ""
-                first_in = inputs[0] if isinstance(inputs, tuple) and inputs else inputs
-                saves: list[tuple[str, Any, str]] = []
-                if kind == "relu":
-                    saves += [(f"{qual}/relu_output{suffix}", output, K.RELU_OUTPUT)]
-                    saves += [(f"{qual}/relu_input{suffix}", first_in, K.RELU_INPUT)]
-                elif kind == "tanh":
-                    saves += [(f"{qual}/tanh_input{suffix}", first_in, K.TANH_INPUT)]
-                elif kind == "sigmoid":
-                    saves += [(f"{qual}/sigmoid_input{suffix}", first_in, K.SIGMOID_INPUT)]
-                if regex and K.DEFAULT in due:
-                    for name, value in ((f"{qual}_input_0", first_in), (f"{qual}_output_0", output)):
-                        if self._matches(name):
-                            saves.append((name + suffix, value, K.DEFAULT))
-                for name, value, col in saves:
-                    if col in due and isinstance(value, self.torch.Tensor):
-                        hook._save_tensor_now(name, value, [collections[col]])
+            count = self._calls.get(m.qual, 0)
+            self._calls[m.qual] = count + 1
+            suffix = f"_{count}" if count else ""
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+            first_in = args[0] if args else None
+            items: list[tuple[str, Any, Sequence[str]]] = []
+            if m.kind == "relu":
+                items += [
+                    (f"{m.qual}/relu_output{suffix}", output, (K.RELU_OUTPUT,)),
+                    (f"{m.qual}/relu_input{suffix}", first_in, (K.RELU_INPUT,)),
+                ]
+            elif m.kind == "tanh":
+                items.append((f"{m.qual}/tanh_input{suffix}", first_in, (K.TANH_INPUT,)))
+            elif m.kind == "sigmoid":
+                items.append((f"{m.qual}/sigmoid_input{suffix}", first_in, (K.SIGMOID_INPUT,)))
+            if m.io_collections:
+                outs = output if isinstance(output, tuple | list) else (output,)
+                for kind, values in (("input", args), ("output", outs)):
+                    tensors = [v for v in values if isinstance(v, self.torch.Tensor)]
+                    for i, v in enumerate(tensors):
+                        name = f"{m.qual}_{kind}_{i}{suffix}"
+                        items.append((name, v, self.hook.collections_for(name)))
+            self.hook.record_tensors(
+                (name, value, cols) for name, value, cols in items if isinstance(value, self.torch.Tensor)
+            )
 
-        on_forward.__name__ = f"activation hook on {qual}"
+        on_forward.__name__ = f"hook on {m.qual}"
         return on_forward
 
     def _make_loss_hook(self, name: str) -> Callable[..., None]:
         hook = self.hook
-        collections = hook.collections
+        torch = self.torch
 
         def on_loss(module: Any, inputs: Any, output: Any) -> None:
-            with hook._lock:
-                due = self._enter()
-                if not due:
-                    return
-                if K.LOSSES in due and isinstance(output, self.torch.Tensor) and output.numel() == 1:
-                    from trainguard.hook.core import _scalar
-
-                    hook._mode_buffer().scalars[name] = (_scalar(output), [K.LOSSES])
-                prefix = name.removesuffix("_output_0")
-                args = inputs if isinstance(inputs, tuple) else (inputs,)
-                for index, col in ((0, K.PREDICTIONS), (1, K.LABELS)):
-                    if col in due and len(args) > index and isinstance(args[index], self.torch.Tensor):
-                        hook._save_tensor_now(f"{prefix}/{col}", args[index], [collections[col]])
+            plan = hook.plan()
+            if plan is not self._plan:
+                self._plan = plan
+                self._calls = {}
+            if plan is None or not plan.due:
+                return
+            key = f"loss:{name}"
+            count = self._calls.get(key, 0)
+            self._calls[key] = count + 1
+            out_name = f"{name}_output_{count}"
+            if isinstance(output, torch.Tensor) and output.numel() == 1:
+                hook.record_scalar(out_name, output, hook.collections_for(out_name, (K.LOSSES,)))
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+            suffix = f"_{count}" if count else ""
+            items = []
+            for index, col in ((0, K.PREDICTIONS), (1, K.LABELS)):
+                if len(args) > index and isinstance(args[index], torch.Tensor):
+                    items.append((f"{name}/{col}{suffix}", args[index], (col,)))
+            hook.record_tensors(items)
 
         on_loss.__name__ = "loss hook"
         return on_loss
+
+
+def _can_queue_callback(torch: Any) -> bool:
+    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+    return engine is not None and hasattr(engine, "queue_callback")

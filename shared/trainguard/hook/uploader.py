@@ -1,45 +1,39 @@
-"""Background writing that never blocks the training step and never loses data silently.
+"""Delivery: encoded objects to the job folder, in order, never blocking and never lost silently.
 
-Two daemon threads, so that a slow PUT never stops encoding:
+A daemon *sender* thread delivers encoded objects (segments, the manifest, system batches)
+to the store in the order they were handed over. When a PUT fails it spills the object to a
+local spill folder and retries with exponential backoff; while the store is failing every
+new object goes to disk at once, so memory stays bounded however long S3 is down. Objects
+waiting in memory are capped too (``memory_bytes``); beyond that they go to disk.
 
-* the **writer** takes step records from a bounded queue (``submit`` never waits: when the
-  queue is full the record is dropped and counted), encodes them (the expensive part:
-  statistics to documents, tensors to bytes) and hands the encoded objects on;
-* the **sender** delivers encoded objects to the store in order. When a PUT fails it
-  spills the object to a local spill folder and retries with exponential backoff; while
-  the store is failing, the writer spills every new object to disk at once, so memory
-  stays bounded however long S3 is down. Encoded objects waiting in memory are capped too
-  (``memory_bytes``); beyond that they go to disk.
-
-``close`` drains both within a deadline. Whatever is still undelivered then is counted as
-dropped (and reported by the hook's end marker and a log line); spilled files are left on
-disk and the log line says where.
+Failures are said plainly, once, at the first one (``storage.describe_failure``: "the
+bucket does not exist", "access denied", "no credentials"...), and again when the store
+works again. ``close`` drains within a deadline (shortened to one last try when the
+failure is permanent and nothing was ever delivered: waiting would not help); whatever is
+undelivered then is counted and described in the returned ``DeliveryReport``; spilled
+files are left on disk for a later upload and the report says where.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-import queue
 import shutil
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from trainguard.hook.storage import Store
+from trainguard.hook.storage import Store, describe_failure
 
 log = logging.getLogger("trainguard.hook")
 
-_STOP = object()
+#: how long ``close`` still tries when every PUT so far failed for a permanent reason
+PERMANENT_FAILURE_GRACE_S = 2.0
 
 
-def _lower_priority(nice: int) -> None:
+def lower_priority(nice: int) -> None:
     """Make the calling thread yield the CPU to training when cores are busy.
 
     On Linux a thread is a task with its own nice value, so this affects only the
@@ -52,8 +46,8 @@ def _lower_priority(nice: int) -> None:
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError:
-        pass
+    except OSError as exc:
+        log.debug("trainguard: cannot lower the writer's priority (%s); it runs at normal priority", exc)
 
 
 @dataclass
@@ -63,11 +57,30 @@ class UploadStats:
     submitted: int = 0
     written: int = 0
     bytes_written: int = 0
-    #: records refused at submit (queue full) or objects undelivered at close
+    #: objects undelivered at close
     dropped: int = 0
     spilled: int = 0
     failed_puts: int = 0
-    encode_errors: int = 0
+    #: the first failure, in words (None: none yet)
+    first_error: str | None = None
+    #: the last failure was permanent (no bucket, no access, no credentials)
+    permanent_failure: bool = False
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What ``close`` could not deliver (``undelivered == 0``: everything arrived)."""
+
+    url: str
+    written: int
+    undelivered: int
+    undelivered_bytes: int
+    spill_dir: str | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.undelivered == 0
 
 
 @dataclass
@@ -79,34 +92,28 @@ class _Pending:
     attempts: int = field(default=0)
 
 
-class Uploader:
-    """Bounded queue -> writer thread (encode) -> sender thread (PUT, spill, retry)."""
+class Delivery:
+    """Encoded objects -> sender thread (PUT in order, spill, retry)."""
 
     def __init__(
         self,
         store: Store,
-        encode: Callable[[Any], tuple[str, bytes] | None],
         *,
-        queue_size: int = 256,
         memory_bytes: int = 256 * 1024 * 1024,
         spill_dir: Path | None = None,
         max_spill_bytes: int = 10 * 1024**3,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
-        on_error: Callable[[BaseException], None] | None = None,
         nice: int = 10,
     ) -> None:
         self.store = store
-        self._encode = encode
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._memory_limit = memory_bytes
         self._spill_dir = spill_dir
         self._max_spill = max_spill_bytes
-        self._backoff_initial = backoff_initial_s
-        self._backoff_max = backoff_max_s
-        self._on_error = on_error
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
         self.stats = UploadStats()
-        #: niceness of the background threads (Linux: per thread); 0 leaves them alone
+        #: niceness of the sender thread (Linux: per thread); 0 leaves it alone
         self.nice = nice
         self._pending: deque[_Pending] = deque()
         self._memory = 0
@@ -114,122 +121,74 @@ class Uploader:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._healthy = True
-        self._writer_done = False
+        self._done = False
         self._abort = False
-        self._drop_logged = 0
-        self._writer = threading.Thread(target=self._write_loop, name="trainguard-writer", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="trainguard-sender", daemon=True)
         self._started = False
         self._closed = False
 
-    # ------------------------------------------------------------------ training thread
-    def start(self) -> None:
-        if not self._started:
-            self._started = True
-            self._writer.start()
-            self._sender.start()
-
-    def submit(self, item: Any) -> bool:
-        """Queue a record for encoding; never blocks. False (and counted) when it was dropped."""
-        if self._closed:
-            return False
-        self.start()
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.stats.dropped += 1
-            self._log_drop("the write queue is full (writing is slower than training)")
-            return False
-        self.stats.submitted += 1
-        return True
-
-    def submit_encoded(self, key: str, data: bytes) -> bool:
-        """Queue an already encoded object (manifest); never blocks."""
-        return self.submit(("raw", key, data))
-
     @property
-    def backlog(self) -> int:
-        with self._cond:
-            return self._queue.qsize() + len(self._pending)
+    def spill_dir(self) -> Path | None:
+        return self._spill_dir
 
-    def close(self, timeout_s: float) -> int:
-        """Drain within ``timeout_s``; returns how many objects stayed undelivered (counted as dropped)."""
-        if self._closed:
-            return 0
-        self._closed = True
-        if not self._started:
-            return 0
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        with contextlib.suppress(queue.Full):
-            self._queue.put(_STOP, timeout=max(0.01, deadline - time.monotonic()))
-        self._writer.join(max(0.0, deadline - time.monotonic()))
+    def submit(self, key: str, data: bytes) -> bool:
+        """Queue an encoded object; never blocks. False when the delivery is already closed."""
         with self._cond:
-            self._writer_done = True
-            self._cond.notify_all()
-        self._sender.join(max(0.0, deadline - time.monotonic()))
-        with self._cond:
-            self._abort = True
-            self._cond.notify_all()
-            undelivered = len(self._pending) + self._queue.qsize()
-            spilled = [p.path for p in self._pending if p.path is not None]
-            # anything the writer had not taken yet
-            while True:
-                try:
-                    leftover = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if leftover is _STOP:
-                    undelivered -= 1
-        if undelivered:
-            self.stats.dropped += undelivered
-            where = f"; {len(spilled)} spilled objects kept in {self._spill_dir}" if spilled else ""
-            log.error(
-                "trainguard: %d objects could not be delivered to %s before the %.0f s close timeout%s",
-                undelivered,
-                self.store.url,
-                timeout_s,
-                where,
-            )
-        elif self._spill_dir is not None and self._spill_dir.exists():
-            shutil.rmtree(self._spill_dir, ignore_errors=True)
-        return undelivered
-
-    def _log_drop(self, reason: str) -> None:
-        self._drop_logged += 1
-        n = self._drop_logged
-        if n == 1 or n % 100 == 0:
-            log.warning("trainguard: dropped %d step records so far: %s", self.stats.dropped, reason)
-
-    # ------------------------------------------------------------------ writer thread
-    def _write_loop(self) -> None:
-        _lower_priority(self.nice)
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            try:
-                if isinstance(item, tuple) and len(item) == 3 and item[0] == "raw":
-                    encoded: tuple[str, bytes] | None = (item[1], item[2])
-                else:
-                    encoded = self._encode(item)
-            except Exception as exc:
-                self.stats.encode_errors += 1
-                self.stats.dropped += 1
-                if self._on_error is not None:
-                    self._on_error(exc)
-                continue
-            if encoded is not None:
-                self._hand_over(*encoded)
-
-    def _hand_over(self, key: str, data: bytes) -> None:
-        entry = _Pending(key, data, size=len(data))
-        with self._cond:
+            if self._closed:
+                return False
+            if not self._started:
+                self._started = True
+                self._sender.start()
+            entry = _Pending(key, data, size=len(data))
             if not self._healthy or self._memory + len(data) > self._memory_limit:
                 self._spill(entry, counted=False)
             if entry.data is not None:
                 self._memory += len(data)
             self._pending.append(entry)
+            self.stats.submitted += 1
             self._cond.notify_all()
+        return True
+
+    @property
+    def backlog(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def close(self, timeout_s: float) -> DeliveryReport:
+        """Deliver what is queued within ``timeout_s``; report what could not be."""
+        with self._cond:
+            already, self._closed = self._closed, True
+            started = self._started
+            self._done = True
+            self._cond.notify_all()
+        if already or not started:
+            return self._report()
+        timeout = max(0.0, timeout_s)
+        if self.stats.permanent_failure and self.stats.written == 0:
+            timeout = min(timeout, PERMANENT_FAILURE_GRACE_S)
+        self._sender.join(timeout)
+        with self._cond:
+            self._abort = True
+            self._cond.notify_all()
+        report = self._report()
+        if report.undelivered:
+            self.stats.dropped += report.undelivered
+        elif self._spill_dir is not None and self._spill_dir.exists():
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+        return report
+
+    def _report(self) -> DeliveryReport:
+        with self._cond:
+            pending = list(self._pending)
+        spilled = any(p.path is not None for p in pending)
+        return DeliveryReport(
+            url=self.store.url,
+            written=self.stats.written,
+            undelivered=len(pending),
+            undelivered_bytes=sum(p.size for p in pending),
+            spill_dir=str(self._spill_dir) if spilled and self._spill_dir is not None else None,
+            error=self.stats.first_error,
+        )
 
     def _spill(self, entry: _Pending, *, counted: bool) -> None:
         """Move an entry's bytes to the spill folder (caller holds the lock)."""
@@ -252,38 +211,28 @@ class Uploader:
         self._spill_bytes += entry.size
         self.stats.spilled += 1
 
-    # ------------------------------------------------------------------ sender thread
     def _send_loop(self) -> None:
-        _lower_priority(self.nice)
-        backoff = self._backoff_initial
+        lower_priority(self.nice)
+        backoff = self.backoff_initial_s
         while True:
             with self._cond:
-                while not self._pending and not self._writer_done and not self._abort:
+                while not self._pending and not self._done and not self._abort:
                     self._cond.wait(1.0)
-                if self._abort or (not self._pending and self._writer_done):
+                if self._abort or (not self._pending and self._done):
                     return
                 entry = self._pending[0]
             try:
                 data = entry.data if entry.data is not None else entry.path.read_bytes()  # type: ignore[union-attr]
                 self.store.put(entry.key, data)
             except Exception as exc:
-                self.stats.failed_puts += 1
-                entry.attempts += 1
+                self._failed(entry, exc)
                 with self._cond:
-                    if self._healthy or entry.attempts == 1:
-                        log.warning(
-                            "trainguard: writing %s to %s failed (%s); spilling to disk and retrying",
-                            entry.key,
-                            self.store.url,
-                            exc,
-                        )
-                    self._healthy = False
-                    for pending in self._pending:  # the store is failing: get everything onto disk
-                        self._spill(pending, counted=True)
+                    if self._abort:
+                        return
                     self._cond.wait(backoff)
-                backoff = min(backoff * 2, self._backoff_max)
+                backoff = min(backoff * 2, self.backoff_max_s)
                 continue
-            backoff = self._backoff_initial
+            backoff = self.backoff_initial_s
             with self._cond:
                 self._pending.popleft()
                 if entry.path is not None:
@@ -292,7 +241,34 @@ class Uploader:
                 else:
                     self._memory -= entry.size
                 if not self._healthy:
-                    log.info("trainguard: writing to %s works again; sending spilled objects", self.store.url)
+                    log.warning(
+                        "trainguard: writing to %s works again; sending what was kept", self.store.url
+                    )
                 self._healthy = True
+                self.stats.permanent_failure = False
                 self.stats.written += 1
                 self.stats.bytes_written += entry.size
+
+    def _failed(self, entry: _Pending, exc: Exception) -> None:
+        permanent, text = describe_failure(self.store.url, exc)
+        self.stats.failed_puts += 1
+        entry.attempts += 1
+        with self._cond:
+            first = self.stats.first_error is None
+            if first:
+                self.stats.first_error = text
+            if self._healthy or first:
+                where = f" in {self._spill_dir}" if self._spill_dir is not None else " in memory"
+                if permanent:
+                    log.error(
+                        "trainguard: %s. Nothing this job records reaches the service until that is "
+                        "fixed; it is kept%s and retried.",
+                        text,
+                        where,
+                    )
+                else:
+                    log.warning("trainguard: %s; keeping objects%s and retrying", text, where)
+            self.stats.permanent_failure = permanent
+            self._healthy = False
+            for pending in self._pending:  # the store is failing: get everything onto disk
+                self._spill(pending, counted=True)

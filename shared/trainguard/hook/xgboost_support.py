@@ -224,7 +224,7 @@ class TrainguardCallback(xgboost.callback.TrainingCallback):  # type: ignore[mis
             wanted += [_K.LABELS, _K.PREDICTIONS]
         for name in wanted:
             hook.get_collection(name)
-        hook._framework("xgboost", str(getattr(xgboost, "__version__", "")) or None)
+        hook.add_framework("xgboost", str(getattr(xgboost, "__version__", "")) or None, produces=wanted)
         self._objective: str | None = None
         self._tree_booster = True
         self._trees_done = 0  # boosting rounds whose trees were already saved
@@ -302,9 +302,10 @@ class TrainguardCallback(xgboost.callback.TrainingCallback):  # type: ignore[mis
                 self._part(f"predictions of {data.name}", self._save_predictions, model, data, step)
 
     def _save_metrics(self, step: int, evals_log: dict[str, Any]) -> None:
-        cols = self.hook.collections
         for set_name, metrics in evals_log.items():
             mode = ModeKeys.TRAIN if set_name in self.train_names else ModeKeys.EVAL
+            if self.hook.plan(step, mode) is None:
+                continue
             loss = self._pick_loss(list(metrics))
             for metric, history in metrics.items():
                 if not history:
@@ -312,11 +313,8 @@ class TrainguardCallback(xgboost.callback.TrainingCallback):  # type: ignore[mis
                 value = history[-1]
                 if isinstance(value, tuple | list):  # xgboost.cv: (mean, std)
                     value = value[0]
-                targets = [c for c in (_K.METRICS, _K.LOSSES if metric == loss else None) if c in cols]
-                if targets:
-                    self.hook.save_scalar(
-                        f"{set_name}-{metric}", float(value), step=step, collections=targets, mode=mode
-                    )
+                targets = [_K.METRICS, _K.LOSSES] if metric == loss else [_K.METRICS]
+                self.hook.record_scalar(f"{set_name}-{metric}", float(value), targets)
 
     def _pick_loss(self, metrics: list[str]) -> str | None:
         if self.loss_metric is not None:
@@ -341,13 +339,11 @@ class TrainguardCallback(xgboost.callback.TrainingCallback):  # type: ignore[mis
                 )
                 keep = sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_features]
                 values = dict(keep)
+            if self.hook.plan(step, ModeKeys.TRAIN) is None:
+                return
             for feature, value in values.items():
-                self.hook.save_scalar(
-                    f"{FEATURE_IMPORTANCE}/{kind}/{feature}",
-                    value / total,
-                    step=step,
-                    collections=[FEATURE_IMPORTANCE],
-                    mode=ModeKeys.TRAIN,
+                self.hook.record_scalar(
+                    f"{FEATURE_IMPORTANCE}/{kind}/{feature}", value / total, [FEATURE_IMPORTANCE]
                 )
 
     def _save_trees(self, model: Any, step: int) -> None:
@@ -372,15 +368,14 @@ class TrainguardCallback(xgboost.callback.TrainingCallback):  # type: ignore[mis
         self._save(f"{data.name}/predictions", preds, _K.PREDICTIONS, step, data.mode)
 
     def _save(self, name: str, value: Any, collection: str, step: int, mode: ModeKeys) -> None:
-        self.hook.save_tensor(name, value, collections=[collection], step=step, mode=mode)
+        if self.hook.plan(step, mode) is not None:
+            self.hook.record_tensor(name, value, [collection])
 
     # ------------------------------------------------------------------ helpers
     def _due(self, step: int, mode: ModeKeys) -> frozenset[str]:
         """The collections due at (step, mode), per the hook's save configs and mode steps."""
-        hook = self.hook
-        with hook._lock:
-            due = hook._enter(step, mode)
-        return due or frozenset()
+        plan = self.hook.plan(step, mode)
+        return plan.due if plan is not None else frozenset()
 
     def _part(self, what: str, fn: Callable[..., None], *args: Any) -> None:
         if what in self._off:

@@ -1,12 +1,17 @@
 """``HookAdapter``: the only place the framework callbacks call ``trainguard.Hook``.
 
 Every call the integrations make into the hook goes through this module, and only through
-the hook's public interface (the constructor, ``set_step``, ``set_mode``, ``save_scalar`` and
-``save_tensor`` with ``step=``/``mode=``/``collections=``, ``should_stop``, ``stop_signal``,
-``close``, and the public ``collections``/``include_regex``/``disabled`` attributes), so a
-change of that interface is a change here only.
+the hook's public recording interface (docs/hook.md, "The recording interface"): the
+constructor, ``add_framework``, ``set_step``/``set_mode``, ``plan``, ``record_scalar``,
+``record_tensor``, ``collections_for``, ``should_stop``, ``stop_signal``, ``close``, and the
+public ``collections``/``include_regex``/``disabled`` attributes. A change of that interface
+is a change here only.
 
-Why the callbacks give every save an explicit ``step=`` and ``mode=`` instead of
+``record_*``, not ``save_*``: what a callback captures by itself is throttled by the save
+configs and gets the statistics the configured rules read (``save_tensor`` is the user's
+explicit save: always written, with the full tensor).
+
+Why the callbacks give every record an explicit step and mode instead of
 ``register_module``: a registered module advances the hook's step on each forward, which is
 right for a hand-written loop but not for a trainer, where one optimizer step is several
 forwards under gradient accumulation and evaluation forwards run between two training
@@ -15,18 +20,16 @@ updates done, as the framework logs it), so "IssuesFound at step 120" points at 
 framework's step 120, and evaluation results are recorded at the step after which the
 evaluation ran, in EVAL mode.
 
-When to save is decided here, from the hook's save configurations (a collection is due at
-a step when its save config says so for that mode, the step being the mode step of an
-explicit ``step=``), before any tensor is touched: a step with nothing due costs a few
-dictionary look-ups, and the decision does not depend on how ``save_*`` treats explicit
-saves.
+When to record is decided here, from the hook's save configurations (a collection is due at
+a step when its save config says so for that mode), before any tensor is touched: a step
+with nothing due costs a few dictionary look-ups.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from trainguard.hook.core import Hook, StopTrainingRequested
@@ -51,9 +54,23 @@ class HookAdapter:
         through the framework, never by raising into it.
     framework
         The framework's name, for messages.
+    package
+        The framework's distribution (``transformers``, ``lightning``, ``keras``): named with
+        its version in the job's manifest.
+    produces
+        The collections the callback can capture (the hook warns at the first step about a
+        configured rule that reads something no integration produces).
     """
 
-    def __init__(self, hook: Hook | None, hook_kwargs: Mapping[str, Any], *, framework: str) -> None:
+    def __init__(
+        self,
+        hook: Hook | None,
+        hook_kwargs: Mapping[str, Any],
+        *,
+        framework: str,
+        package: str | None = None,
+        produces: Iterable[str] = (),
+    ) -> None:
         if hook is not None and not isinstance(hook, Hook):
             raise TypeError(f"hook must be a trainguard.Hook (or None), got {type(hook).__name__}")
         if hook is not None and hook_kwargs:
@@ -67,6 +84,9 @@ class HookAdapter:
             except TypeError as exc:
                 raise TypeError(f"invalid keyword arguments for trainguard.Hook: {exc}") from None
         self.framework = framework
+        self.package = package
+        self.produces = tuple(produces)
+        self._announced = False
         self.owns_hook = hook is None
         self._hook = hook
         self._kwargs = dict(hook_kwargs)
@@ -94,6 +114,9 @@ class HookAdapter:
                 kwargs.setdefault("world_size", world_size)
                 kwargs["rank"] = rank
             self._hook = Hook(**kwargs)
+        if not self._announced and self.package is not None:
+            self._announced = True
+            self._hook.add_framework(self.package, _version(self.package), produces=self.produces)
         return self._hook
 
     @property
@@ -147,20 +170,33 @@ class HookAdapter:
             self._call(hook.set_mode, mode)
 
     def scalar(self, name: str, value: Any, *, step: int, mode: ModeKeys, collection: str) -> bool:
-        """Save a scalar (a float or a one-element tensor, left on its device) if due."""
-        hook = self._hook
-        if hook is None or not self.active or not self.due(collection, mode, step):
+        """Record a scalar (a float or a one-element tensor, left on its device) if due."""
+        if not self._enter(collection, step, mode):
             return False
-        return bool(self._call(hook.save_scalar, name, value, step=step, collections=[collection], mode=mode))
+        hook = self._hook
+        assert hook is not None
+        return bool(self._call(hook.record_scalar, name, value, (collection,)))
 
     def tensor(self, name: str, value: Any, *, step: int, mode: ModeKeys, collection: str) -> bool:
-        """Save a tensor's statistics (reduced where it lives) if ``collection`` is due.
+        """Record a tensor's statistics (reduced where it lives) if ``collection`` is due; the
+        full value only where a due collection has ``save_full``.
 
         The caller checks ``due`` first when finding the tensor costs anything."""
+        if not self._enter(collection, step, mode):
+            return False
+        hook = self._hook
+        assert hook is not None
+        return bool(self._call(hook.record_tensor, name, value, hook.collections_for(name, (collection,))))
+
+    def _enter(self, collection: str, step: int, mode: ModeKeys) -> bool:
+        """Make (step, mode) the hook's current step; whether ``collection`` is due there."""
         hook = self._hook
         if hook is None or not self.active or not self.due(collection, mode, step):
             return False
-        return bool(self._call(hook.save_tensor, name, value, collections=[collection], step=step, mode=mode))
+        plan = self._call(hook.plan, step, mode)
+        if plan is None:  # disabled, closed, or a step already written (the hook said so)
+            return False
+        return collection in plan.due
 
     # ------------------------------------------------------------------ stopping
     @property
@@ -194,6 +230,15 @@ class HookAdapter:
         except StopTrainingRequested:
             self._stop_raised = True
             return fn(*args, **kwargs)
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 __all__ = ["HookAdapter"]

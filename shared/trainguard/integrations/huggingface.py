@@ -69,7 +69,7 @@ from trainguard.hook.config import CollectionKeys as K
 from trainguard.hook.core import Hook
 from trainguard.integrations.adapter import HookAdapter
 from trainguard.integrations.common import Guarded, guarded, is_loss_name, metric_value
-from trainguard.integrations.torch_capture import TorchCapture, any_rank, safe
+from trainguard.integrations.torch_capture import PRODUCES, TorchCapture, any_rank, safe
 from trainguard.modes import ModeKeys
 
 log = logging.getLogger("trainguard.integrations")
@@ -153,12 +153,15 @@ class TrainguardCallback(Guarded, TrainerCallback):  # type: ignore[misc]
     """
 
     framework = "Hugging Face Trainer"
+    package = "transformers"
 
     def __init__(
         self, hook: Hook | None = None, *, close_on_train_end: bool = True, **hook_kwargs: Any
     ) -> None:
         Guarded.__init__(self)
-        self.adapter = HookAdapter(hook, hook_kwargs, framework=self.framework)
+        self.adapter = HookAdapter(
+            hook, hook_kwargs, framework=self.framework, package=self.package, produces=PRODUCES
+        )
         self.close_on_train_end = close_on_train_end
         self.capture = TorchCapture(self.adapter, self._disable)
         #: the step at which the callback asked the Trainer to stop, and why

@@ -79,13 +79,20 @@ class TrainguardCallback(Guarded, keras.callbacks.Callback):  # type: ignore[mis
     """
 
     framework = "Keras"
+    package = "keras"
 
     def __init__(
         self, hook: Hook | None = None, *, close_on_train_end: bool = True, **hook_kwargs: Any
     ) -> None:
         Guarded.__init__(self)
         keras.callbacks.Callback.__init__(self)
-        self.adapter = HookAdapter(hook, hook_kwargs, framework=self.framework)
+        self.adapter = HookAdapter(
+            hook,
+            hook_kwargs,
+            framework=self.framework,
+            package=self.package,
+            produces=(K.LOSSES, K.METRICS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.DEFAULT),
+        )
         self.close_on_train_end = close_on_train_end
         #: the step at which the callback asked Keras to stop, and why
         self.stopped_at_step: int | None = None

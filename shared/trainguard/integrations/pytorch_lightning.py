@@ -14,6 +14,7 @@ from trainguard.integrations.lightning_base import LightningRecorder
 
 class TrainguardCallback(LightningRecorder, Callback):  # type: ignore[misc]
     __doc__ = LightningRecorder.__doc__
+    package = "pytorch_lightning"
 
 
 __all__ = ["TrainguardCallback"]

@@ -29,11 +29,16 @@ from trainguard.hook.config import CollectionKeys as K
 from trainguard.integrations.adapter import HookAdapter
 from trainguard.modes import ModeKeys
 
+#: what a torch-based callback can capture (``Hook.add_framework``'s ``produces``)
 _ACTIVATIONS = {
     "relu": (K.RELU_OUTPUT, K.RELU_INPUT),
     "tanh": (K.TANH_INPUT,),
     "sigmoid": (K.SIGMOID_INPUT,),
 }
+PRODUCES = (
+    K.LOSSES, K.METRICS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.DEFAULT,
+    *(c for cols in _ACTIVATIONS.values() for c in cols),
+)  # fmt: skip
 
 
 def safe(fn: Callable[..., None], on_error: Callable[[BaseException, str], None]) -> Callable[..., None]:

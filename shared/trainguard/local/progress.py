@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from urllib.parse import unquote_plus
 
 from trainguard.format import layout
+from trainguard.text import printable
 
 #: how often the thread looks at the alerts topic and the runtime's errors, and redraws
 TICK_S = 0.2
@@ -172,7 +173,8 @@ class Progress:
         return " │ ".join(parts)
 
     def _status_lines(self) -> list[str]:
-        return [self.status_text(v) for v in self.jobs.values() if v.active]
+        # rule names come from the job's configuration: escape bytes are shown, not obeyed
+        return [printable(self.status_text(v)) for v in self.jobs.values() if v.active]
 
     def _clear_status(self) -> None:
         if self.tty and self._status_shown:
@@ -279,7 +281,7 @@ class Progress:
             if status in LOUD_STATUSES or self.verbose:
                 at = f" at step {detail['Step']}" if detail.get("Step") is not None else ""
                 self.say(
-                    f"● {job} / {rule}: {detail.get('PreviousStatus') or '—'} → {status}{at}",
+                    printable(f"● {job} / {rule}: {detail.get('PreviousStatus') or '—'} → {status}{at}"),
                     always=status in LOUD_STATUSES,
                 )
 

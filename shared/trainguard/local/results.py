@@ -74,6 +74,11 @@ def job_entry(state: Any) -> dict[str, Any]:
         "LastStep": state.watermark,
         "StepsEvaluated": state.steps_evaluated,
         "DebugRuleEvaluationStatuses": rule_entries(state),
+        # what the hook could not record (by reason), and why trainguard ended a job that did not
+        # end by itself (it went silent)
+        "Dropped": dict(state.dropped),
+        "DroppedObjects": state.dropped_objects,
+        "EndReason": state.end_reason,
     }
 
 

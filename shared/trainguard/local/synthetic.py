@@ -42,6 +42,8 @@ class SyntheticJob:
     allow_sagemaker_stop: bool = False
     #: extra weight tensors per step (a "large model" has many)
     layers: int = 1
+    #: jobs allowed to compare themselves with this one (the manifest's allow_comparison_from)
+    allow_comparison_from: list[str] = field(default_factory=list)
 
     def objects(self) -> dict[str, bytes]:
         """Relative key → bytes for every object of the job."""
@@ -55,6 +57,7 @@ class SyntheticJob:
             rules=self.rules,
             sagemaker_training_job_name=self.sagemaker_name,
             allow_sagemaker_stop=self.allow_sagemaker_stop,
+            allow_comparison_from=self.allow_comparison_from,
         )
         out[MANIFEST] = d.dump_document(manifest)
         for worker in range(self.world_size):

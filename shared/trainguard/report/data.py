@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.format import layout
-from trainguard.format.documents import Manifest, parse_document
-from trainguard.format.system import SystemBatch, parse_system_batch
+from trainguard.format.documents import Manifest, parse_document, read_bounded_document
+from trainguard.format.system import MAX_SYSTEM_BYTES, SystemBatch, parse_system_batch
 
 MAX_SYSTEM_OBJECTS = 50_000
 MAX_STEP_OBJECTS = 5_000
@@ -95,7 +95,7 @@ def load_job_data(
     store = store or open_store(url)
     data = JobData(job=_job_name(url), source=url)
     try:
-        raw = store.get(layout.MANIFEST)
+        raw = read_bounded_document(store, layout.MANIFEST)
         data.manifest = parse_document(Manifest, raw)
         data.job = data.manifest.job
     except Exception as exc:
@@ -126,7 +126,7 @@ def _load_system(store: Any, data: JobData) -> None:
 
     def fetch(key: str) -> SystemBatch | str:
         try:
-            return parse_system_batch(store.get(key))
+            return parse_system_batch(read_bounded_document(store, key, MAX_SYSTEM_BYTES))
         except Exception as exc:
             return f"{key}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 

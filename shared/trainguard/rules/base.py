@@ -38,9 +38,11 @@ class RuleConfig(BaseModel):
     SageMaker passes every parameter as a string ("10", "0.1", "True", "None"); pydantic's
     lax mode turns numbers and booleans into their types, and "None"/"" becomes None here.
     Unknown parameters are an error, so a typo is an Error status, not a silent default.
+    Numbers must be finite: a threshold of NaN or Infinity would silence the rule (every
+    comparison with NaN is false), so "nan" or "inf" is an Error status too.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -475,8 +477,9 @@ class Rule(BaseRule[C, S, StepData]):
         """The other job whose same step ``compare`` needs (None: not a cross-job rule)."""
         return None
 
-    def compare(self, state: S, step: StepData, other: StepData) -> tuple[S, list[Finding]]:
-        """Judge this job's step against the other job's same step. The default does nothing."""
+    def compare(self, state: S, step: StepData, other: StepData | None) -> tuple[S, list[Finding]]:
+        """Judge this job's step against the other job's same step (None: the other job holds
+        no data at this step; count it, so coverage can say so). The default does nothing."""
         return state, []
 
 

@@ -17,6 +17,7 @@ from trainguard.rules.unchanged_tensor import FINGERPRINT, allclose, fingerprint
 
 RTOL = 1e-5
 ATOL = 1e-8
+STATISTICS = ("min", "max", "mean", "l2")
 
 
 class SimilarAcrossRunsConfig(RuleConfig):
@@ -35,6 +36,8 @@ class SimilarAcrossRunsState(RuleState):
     tensors_compared: int = 0
     #: selected tensors of this job (counted by ``update``)
     tensors_seen: int = 0
+    #: steps of this job the other job holds no data for (not compared)
+    steps_unmatched: int = 0
 
 
 class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
@@ -44,11 +47,21 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
     tensor) of this job and of ``other_trials`` at the same step, same mode and worker.
     Approximation: tensors are compared by their statistics' fingerprint (min, max, mean,
     L2 norm; see UnchangedTensor) with numpy's default tolerances (rtol 1e-5, atol 1e-8);
-    tensors saved by only one job are not compared.
+    tensors saved by only one job are not compared, and steps the other job did not save
+    are counted (``steps_unmatched``).
+
+    Authorisation: naming a job in ``other_trials`` is not permission to read it. The other
+    job must allow the comparison in its own manifest (``allow_comparison_from``: this job's
+    name or a ``*`` pattern matching it, which only the other job's writer can set). A job
+    that did not allow it, or that cannot be read (AccessDenied, no manifest, not a job of
+    the same stack), ends this rule ``Error`` with the reason: a rule cannot have passed a
+    job it never compared. What the rule reports stays this job's: the tensor, the step and
+    which statistics differ, with this job's own values; never the other job's values or
+    the size of the difference (which would give them away).
 
     Interface: ``kind = "cross-job"``. ``update`` records nothing and never fires; the
     evaluator calls ``compare(state, step, other_step)`` with the other job's StepData for
-    the same step.
+    the same step, or None when the other job holds nothing at that step.
     """
 
     name = "SimilarAcrossRuns"
@@ -96,8 +109,11 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
         return state, []
 
     def compare(
-        self, state: SimilarAcrossRunsState, step: StepData, other: StepData
+        self, state: SimilarAcrossRunsState, step: StepData, other: StepData | None
     ) -> tuple[SimilarAcrossRunsState, list[Finding]]:
+        if other is None:
+            state.steps_unmatched += 1
+            return state, []
         if step.step != other.step:
             raise ValueError(f"compare steps {step.step} and {other.step}: they must be the same step")
         cfg = self.config
@@ -109,21 +125,26 @@ class SimilarAcrossRuns(Rule[SimilarAcrossRunsConfig, SimilarAcrossRunsState]):
             other_stats = theirs.get((view.worker, view.mode, view.name))
             if other_stats is None:
                 continue
-            a, b = fingerprint(stats), fingerprint(other_stats)
-            if a is None or b is None:
+            ours, reference = fingerprint(stats), fingerprint(other_stats)
+            if ours is None or reference is None:
                 continue  # not computed on one side: not compared
             state.tensors_compared += 1
-            if not allclose(a, b, RTOL, ATOL, equal_nan=True):
-                diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
+            if not allclose(ours, reference, RTOL, ATOL, equal_nan=True):
+                differ = [
+                    name
+                    for name, a, b in zip(STATISTICS, ours, reference, strict=True)
+                    if not allclose([a], [b], RTOL, ATOL, equal_nan=True)
+                ]
+                mine = ", ".join(f"{name} {fmt(a)}" for name, a in zip(STATISTICS, ours, strict=True))
                 return state, [
                     self.finding(
                         step.step,
                         f"{self.name}: {view.name} (worker {view.worker}, {view.mode}) differs from job "
-                        f"{cfg.other_job}: min/max/mean/l2 {[fmt(x) for x in a]} vs {[fmt(x) for x in b]} "
-                        f"(largest difference {fmt(diff)}; rtol={RTOL}, atol={ATOL}).",
+                        f"{cfg.other_job} at step {step.step}: its {'/'.join(differ)} "
+                        f"{'is' if len(differ) == 1 else 'are'} not within rtol={RTOL}, atol={ATOL} "
+                        f"of the other job's (this job: {mine}).",
                         tensor=view.name,
-                        value=diff,
-                        threshold=ATOL,
+                        threshold=RTOL,
                     )
                 ]
         return state, []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from trainguard.engine.events import RuleStatusDetail
 from trainguard.rules.base import fmt
+from trainguard.text import ascii_text, printable
 
 SMS_MAX_CHARS = 140  # one SMS (SNS bills 140 bytes per message)
 SUBJECT_MAX_CHARS = 100  # SNS email subject limit
@@ -51,11 +52,14 @@ def measured_text(detail: RuleStatusDetail) -> str | None:
 
 
 def render(detail: RuleStatusDetail) -> Alert:
+    """The alert texts. Every name and detail comes from the job: control characters and
+    terminal escapes are shown escaped (``trainguard.text.printable``), never sent raw."""
+    detail = _printable(detail)
     job, rule, status = detail.TrainingJobName, detail.RuleConfigurationName, detail.RuleEvaluationStatus
     when = dt.datetime.fromtimestamp(detail.LastModifiedTime, tz=dt.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S UTC"
     )
-    subject = f"trainguard: {rule} {status} in {job}"[:SUBJECT_MAX_CHARS]
+    subject = ascii_text(f"trainguard: {rule} {status} in {job}")[:SUBJECT_MAX_CHARS]
     lines = [
         f"Training job:  {job}",
         f"Rule:          {rule} ({detail.RuleName})",
@@ -93,3 +97,22 @@ def render(detail: RuleStatusDetail) -> Alert:
     if len(sms) > SMS_MAX_CHARS:
         sms = sms[: SMS_MAX_CHARS - 3] + "..."
     return Alert(subject, "\n".join(lines), sms)
+
+
+def _printable(detail: RuleStatusDetail) -> RuleStatusDetail:
+    entries = [
+        e.model_copy(update={"RuleConfigurationName": printable(e.RuleConfigurationName)})
+        for e in detail.DebugRuleEvaluationStatuses
+    ]
+    return detail.model_copy(
+        update={
+            "TrainingJobName": printable(detail.TrainingJobName),
+            "RuleConfigurationName": printable(detail.RuleConfigurationName),
+            "RuleName": printable(detail.RuleName),
+            "Tensor": printable(detail.Tensor) if detail.Tensor is not None else None,
+            "StatusDetails": printable(detail.StatusDetails),
+            "EventId": printable(detail.EventId),
+            "ValueText": printable(detail.ValueText) if detail.ValueText is not None else None,
+            "DebugRuleEvaluationStatuses": entries,
+        }
+    )

@@ -24,6 +24,7 @@ from trainguard.engine.sources import (
     bad_step,
     decode_segment_object,
     decode_step_object,
+    document_limit,
     header_probe_bytes,
     segment_ref,
 )
@@ -40,20 +41,31 @@ class ObjectMissing(FileNotFoundError):
     """The object is not there (S3 NoSuchKey): deleted, or never written."""
 
 
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
 def _missing(exc: Exception) -> bool:
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-    return code in ("NoSuchKey", "404", "NotFound")
+    return _code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
 def get_range(s3: Any, bucket: str, key: str, start: int, end: int) -> tuple[bytes, int]:
-    """Bytes ``[start, end)`` of an object (fewer at its end) and the object's total size."""
+    """Bytes ``[start, end)`` of an object (fewer at its end) and the object's total size.
+
+    Never reads more than ``end - start`` bytes of the body, whatever the response claims.
+    An empty object (S3 answers a range of it with InvalidRange) is ``(b"", 0)``.
+    """
     try:
         resp = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
     except Exception as exc:
         if _missing(exc):
             raise ObjectMissing(f"{key}: no such object (NoSuchKey)") from None
+        if _code(exc) == "InvalidRange" and start == 0:
+            return b"", 0
         raise
-    body: bytes = resp["Body"].read(end - start + 1)
+    body: bytes = resp["Body"].read(end - start)
+    resp["Body"].close()  # the rest of a body that claims more is never read
     match = _RANGE_TOTAL.search(resp.get("ContentRange", "") or "")
     size = int(match.group(1)) if match else int(resp.get("ContentLength", len(body)))
     return body[: end - start], size
@@ -72,11 +84,14 @@ def read_head(s3: Any, bucket: str, key: str, probe: int = stepfile.HEADER_PROBE
     return body, size
 
 
-def read_document(s3: Any, bucket: str, key: str) -> bytes:
-    """A small JSON document (manifest, end marker, system batch); refused past its bound."""
-    body, _ = get_range(s3, bucket, key, 0, MAX_DOCUMENT_BYTES + 1)
-    if len(body) > MAX_DOCUMENT_BYTES:
-        raise ObjectError(f"{key.rsplit('/', 1)[-1]} is larger than {MAX_DOCUMENT_BYTES} bytes")
+def read_document(s3: Any, bucket: str, key: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """A small JSON document (manifest, end marker, system batch); refused past ``limit``.
+
+    One ranged GET of ``limit + 1`` bytes: a 3 GB manifest costs a megabyte, never the object.
+    """
+    body, size = get_range(s3, bucket, key, 0, limit + 1)
+    if len(body) > limit or size > limit:
+        raise ObjectError(f"{key.rsplit('/', 1)[-1]} is {size:,} bytes; at most {limit:,}")
     return body
 
 
@@ -112,7 +127,7 @@ class S3Job:
         return read_head(self.s3, self.bucket, self.key(ref), header_probe_bytes(ref))
 
     def document(self, ref: ObjectRef) -> bytes:
-        return read_document(self.s3, self.bucket, self.key(ref))
+        return read_document(self.s3, self.bucket, self.key(ref), document_limit(ref))
 
     def sibling(self, name: str) -> JobSource:
         if name.startswith("s3://"):

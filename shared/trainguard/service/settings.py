@@ -13,6 +13,9 @@ from typing import Final
 
 from trainguard.format.layout import INGEST_PREFIX
 
+#: a job that has sent nothing for this many days is ended by the clock (clear status per rule)
+DEFAULT_STALE_JOB_DAYS = 7.0
+
 
 class Env:
     """Names of the environment variables of the functions."""
@@ -36,6 +39,8 @@ class Env:
     RULE_MODULES: Final = "TRAINGUARD_RULE_MODULES"
     #: the stack's defaultRules (trainguard.rules.config.DEFAULT_RULES_ENV; a test keeps them equal)
     DEFAULT_RULES: Final = "TRAINGUARD_DEFAULT_RULES"
+    #: days of silence after which the clock ends a job (default 7; not set by the stack)
+    STALE_JOB_DAYS: Final = "TRAINGUARD_STALE_JOB_DAYS"
 
 
 REQUIRED = (Env.TABLE_NAME, Env.BUS_NAME, Env.BUCKET_NAME)
@@ -50,6 +55,8 @@ class Settings:
     ingest_dlq_url: str | None
     ingest_prefix: str = INGEST_PREFIX
     sagemaker_stop: bool = False
+    #: seconds of silence after which the clock ends a job (``TRAINGUARD_STALE_JOB_DAYS``)
+    stale_after_s: float = DEFAULT_STALE_JOB_DAYS * 86400
 
     @staticmethod
     def from_env() -> Settings:
@@ -64,4 +71,18 @@ class Settings:
             ingest_dlq_url=os.environ.get(Env.INGEST_DLQ_URL) or None,
             ingest_prefix=os.environ.get(Env.INGEST_PREFIX, INGEST_PREFIX),
             sagemaker_stop=os.environ.get(Env.SAGEMAKER_STOP, "").lower() == "true",
+            stale_after_s=stale_job_days(os.environ.get(Env.STALE_JOB_DAYS)) * 86400,
         )
+
+
+def stale_job_days(raw: str | None) -> float:
+    """The stale-job setting: a finite number of days above zero (default 7)."""
+    if raw is None or not raw.strip():
+        return DEFAULT_STALE_JOB_DAYS
+    try:
+        days = float(raw)
+    except ValueError:
+        days = float("nan")
+    if not 0 < days < 3650:  # NaN fails this too
+        raise RuntimeError(f"{Env.STALE_JOB_DAYS}={raw!r}: expected a number of days in (0, 3650)")
+    return days

@@ -15,7 +15,14 @@ Items in partition ``JOB#<job>``:
   (``prev``, ``size``, ``hdr`` or ``bad``).
 - ``SYS#<worker:05d>#<seq:012d>``: a buffered system-monitor batch (``batch``: zlib JSON).
 - ``OUTBOX#<event id>``: an event whose status change was committed but not yet
-  published; written in the same transaction as ``STATE``, deleted after PutEvents.
+  published; written in the same transaction as ``STATE``, deleted after PutEvents. An event
+  id too long for a sort key (a rule name of 256 four-byte characters) is keyed by its
+  SHA-256 instead; the ``event`` attribute always holds the id.
+
+Every item carries ``expires_at`` (``wiring.TABLE.ttl_attribute``): its last activity plus
+``RETENTION_S``, so DynamoDB deletes what a crashed job or a lost invocation left behind. A
+job that stays silent is ended by the clock long before (``stale_after_s``). Every item is
+checked against DynamoDB's 400 KB item limit before it is written.
 
 Buffered items sort by step, so a bounded read holds the lowest pending steps of every
 worker. One consistent Query of the partition reads everything an evaluation needs.
@@ -23,6 +30,7 @@ worker. One consistent Query of the partition reads everything an evaluation nee
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from collections.abc import Iterable
@@ -30,9 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.engine.model import JobState, SegmentArrival, StepArrival, SystemArrival
+from trainguard.format import stepfile
 from trainguard.format.documents import StepHeader
 from trainguard.format.layout import step_key
-from trainguard.format.system import SystemBatch
+from trainguard.format.system import MAX_SYSTEM_BYTES, SystemBatch
+from trainguard.wiring import TABLE
 
 STATE_SK = "STATE"
 STEP_PREFIX = "STEP#"
@@ -47,6 +57,14 @@ MAX_BUFFERED_HEADER_BYTES = 300 * 1024
 MAX_ITEMS_PER_LOAD = 5_000
 #: a ``bad`` reason stored with a pointer
 MAX_REASON_CHARS = 1000
+#: DynamoDB's item limit is 400 KB (names and values, UTF-8); a STATE item is refused above
+#: this, leaving room for the key and the small attributes beside ``doc``
+MAX_ITEM_BYTES = 400 * 1024 - 8 * 1024
+#: DynamoDB's sort key limit: 1024 bytes of UTF-8
+MAX_SORT_KEY_BYTES = 1024
+#: how long an item is kept after its job's last activity (then DynamoDB's TTL deletes it)
+RETENTION_S = 90 * 24 * 3600
+TTL_ATTRIBUTE = TABLE.ttl_attribute
 
 
 class VersionConflict(Exception):
@@ -55,6 +73,27 @@ class VersionConflict(Exception):
 
 class HeaderTooLarge(ValueError):
     """A system batch too large to buffer in one DynamoDB item."""
+
+
+class ItemTooLarge(ValueError):
+    """The job's state would not fit one DynamoDB item (nothing was written)."""
+
+    def __init__(self, job: str, nbytes: int) -> None:
+        super().__init__(f"job {job}: the state item would be {nbytes:,} bytes; at most {MAX_ITEM_BYTES:,}")
+        self.nbytes = nbytes
+
+
+def expires(at: float) -> dict[str, str]:
+    """The TTL attribute's value: ``at`` plus the retention, in whole epoch seconds."""
+    return {"N": str(int(at) + RETENTION_S)}
+
+
+def outbox_sk(event_id: str) -> str:
+    """An outbox item's sort key; an id too long for a sort key is keyed by its digest."""
+    sk = OUTBOX_PREFIX + event_id
+    if len(sk.encode("utf-8", "surrogatepass")) <= MAX_SORT_KEY_BYTES:
+        return sk
+    return f"{OUTBOX_PREFIX}sha256:{hashlib.sha256(event_id.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
 @dataclass
@@ -107,19 +146,33 @@ class StateStore:
         self.requests += 1
         self.client.put_item(TableName=self.table, Item=arrival_item(job, arrival))
 
-    def put_system(self, job: str, arrival: SystemArrival) -> None:
-        item: dict[str, Any] = {"pk": {"S": pk(job)}, "sk": {"S": system_sk(arrival.worker, arrival.seq)}}
+    def put_system(self, job: str, arrival: SystemArrival) -> SystemArrival:
+        """Buffer a system batch; one too large for an item is buffered as a bad arrival.
+
+        Returns what was buffered (the arrival, or its bad form with the reason), so the
+        worker's seq chain moves on either way.
+        """
+        item: dict[str, Any] = {
+            "pk": {"S": pk(job)},
+            "sk": {"S": system_sk(arrival.worker, arrival.seq)},
+            "at": {"N": repr(arrival.at)},
+            TTL_ATTRIBUTE: expires(arrival.at),
+        }
         if arrival.batch is not None:
             blob = zlib.compress(arrival.batch.model_dump_json().encode(), 6)
             if len(blob) > MAX_BUFFERED_HEADER_BYTES:
-                raise HeaderTooLarge(
-                    f"system batch {arrival.seq} of worker {arrival.worker}: {len(blob)} bytes"
+                reason = (
+                    f"system/worker-{arrival.worker:05d}/{arrival.seq:012d}.json: {len(blob):,} bytes "
+                    f"compressed; a buffered system batch holds at most {MAX_BUFFERED_HEADER_BYTES:,}"
                 )
-            item["batch"] = {"B": blob}
+                arrival = SystemArrival(arrival.worker, arrival.seq, None, bad=reason, at=arrival.at)
+            else:
+                item["batch"] = {"B": blob}
         if arrival.bad is not None:
-            item["bad"] = {"S": arrival.bad[:1000]}
+            item["bad"] = {"S": arrival.bad[:MAX_REASON_CHARS]}
         self.requests += 1
         self.client.put_item(TableName=self.table, Item=item)
+        return arrival
 
     # load / commit ----------------------------------------------------------------------
     def load(self, job: str) -> Loaded:
@@ -155,7 +208,8 @@ class StateStore:
                     system.append(_system_arrival(sk, item))
                 elif sk.startswith(OUTBOX_PREFIX):
                     created = float(item["created"]["N"]) if "created" in item else 0.0
-                    outbox[sk[len(OUTBOX_PREFIX) :]] = (item["detail"]["S"], created)
+                    event_id = item["event"]["S"] if "event" in item else sk[len(OUTBOX_PREFIX) :]
+                    outbox[event_id] = (item["detail"]["S"], created)
             if "LastEvaluatedKey" not in page:
                 break
             if count >= MAX_ITEMS_PER_LOAD:
@@ -170,25 +224,37 @@ class StateStore:
         return Loaded(state, version, arrivals, system, outbox, truncated)
 
     def load_state(self, job: str) -> tuple[JobState, int] | None:
+        """The job's STATE item alone (a Query of one key: the functions may Query, not GetItem)."""
         self.requests += 1
-        item = self.client.get_item(
-            TableName=self.table, Key={"pk": {"S": pk(job)}, "sk": {"S": STATE_SK}}, ConsistentRead=True
-        ).get("Item")
-        if item is None:
+        items = self.client.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND sk = :sk",
+            ExpressionAttributeValues={":pk": {"S": pk(job)}, ":sk": {"S": STATE_SK}},
+            ConsistentRead=True,
+        ).get("Items", [])
+        if not items:
             return None
+        item = items[0]
         return JobState.model_validate(_unpack(item["doc"]["B"])), int(item["version"]["N"])
 
     def commit(self, state: JobState, version: int, outbox: dict[str, str], now: float) -> int:
-        """Write ``state`` if nobody wrote since ``version``; add ``outbox`` events atomically."""
+        """Write ``state`` if nobody wrote since ``version``; add ``outbox`` events atomically.
+
+        Raises :class:`ItemTooLarge` (nothing written) when the state would not fit an item.
+        """
         new_version = version + 1
+        doc = _pack(state.model_dump(mode="json"))
+        if len(doc) > MAX_ITEM_BYTES:
+            raise ItemTooLarge(state.job, len(doc))
         state_item = {
             "pk": {"S": pk(state.job)},
             "sk": {"S": STATE_SK},
             "job": {"S": state.job},
             "version": {"N": str(new_version)},
-            "doc": {"B": _pack(state.model_dump(mode="json"))},
+            "doc": {"B": doc},
             "updated": {"N": repr(now)},
             "training_status": {"S": state.training_status},
+            TTL_ATTRIBUTE: expires(state.last_activity if state.last_activity is not None else now),
         }
         if not state.finished:
             # sparse index of running jobs, for the schedule's tick (finished jobs drop out)
@@ -215,9 +281,11 @@ class StateStore:
                                 "TableName": self.table,
                                 "Item": {
                                     "pk": {"S": pk(state.job)},
-                                    "sk": {"S": OUTBOX_PREFIX + event_id},
+                                    "sk": {"S": outbox_sk(event_id)},
+                                    "event": {"S": event_id},
                                     "detail": {"S": detail},
                                     "created": {"N": repr(now)},
+                                    TTL_ATTRIBUTE: expires(now),
                                 },
                             }
                         }
@@ -242,7 +310,7 @@ class StateStore:
         self._delete(job, [system_sk(w, s) for w, s in keys])
 
     def delete_outbox(self, job: str, event_ids: Iterable[str]) -> None:
-        self._delete(job, [OUTBOX_PREFIX + e for e in event_ids])
+        self._delete(job, [outbox_sk(e) for e in event_ids])
 
     def _delete(self, job: str, sks: list[str]) -> None:
         for start in range(0, len(sks), 25):
@@ -303,6 +371,8 @@ def arrival_item(job: str, arrival: StepArrival | SegmentArrival) -> dict[str, A
         item = {"pk": {"S": pk(job)}, "sk": {"S": step_sk(arrival.step, arrival.worker)}}
     if arrival.prev_step is not None:
         item["prev"] = {"N": str(arrival.prev_step)}
+    item["at"] = {"N": repr(arrival.at)}
+    item[TTL_ATTRIBUTE] = expires(arrival.at)
     if arrival.bad is not None:
         item["bad"] = {"S": arrival.bad[:MAX_REASON_CHARS]}
     else:
@@ -321,13 +391,18 @@ def _pointer(item: dict[str, Any]) -> tuple[int | None, str | None, int, int]:
     return prev, bad, size, header_end
 
 
+def _at(item: dict[str, Any]) -> float:
+    return float(item["at"]["N"]) if "at" in item else 0.0
+
+
 def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
     _, step, worker = sk.split("#")
     if "B" in item.get("hdr", {}):
         # buffered by an earlier trainguard: the header itself (zlib JSON), not a pointer
         prev = int(item["prev"]["N"]) if "prev" in item else None
         try:
-            raw = zlib.decompressobj().decompress(item["hdr"]["B"], 64 * 1024 * 1024)
+            # a zlib bomb stops at the largest header the format allows
+            raw = zlib.decompressobj().decompress(item["hdr"]["B"], stepfile.MAX_HEADER_BYTES + 1)
             header = StepHeader.model_validate_json(raw)
         except (zlib.error, ValueError) as exc:
             reason = f"{step_key(int(step), int(worker))}: buffered header unreadable: {exc}"[
@@ -336,7 +411,9 @@ def _arrival(sk: str, item: dict[str, Any]) -> StepArrival:
             return StepArrival(int(step), int(worker), prev, None, reason)
         return StepArrival(int(step), int(worker), prev, header)
     prev, bad, size, header_end = _pointer(item)
-    return StepArrival(int(step), int(worker), prev, None, bad, size=size, header_end=header_end)
+    return StepArrival(
+        int(step), int(worker), prev, None, bad, size=size, header_end=header_end, at=_at(item)
+    )
 
 
 def _segment_arrival(sk: str, item: dict[str, Any]) -> SegmentArrival:
@@ -344,14 +421,28 @@ def _segment_arrival(sk: str, item: dict[str, Any]) -> SegmentArrival:
     prev, bad, size, header_end = _pointer(item)
     last = int(item["last"]["N"])
     return SegmentArrival(
-        int(worker), int(seq), int(first), last, prev, None, bad, size=size, header_end=header_end
+        int(worker),
+        int(seq),
+        int(first),
+        last,
+        prev,
+        None,
+        bad,
+        size=size,
+        header_end=header_end,
+        at=_at(item),
     )
 
 
 def _system_arrival(sk: str, item: dict[str, Any]) -> SystemArrival:
     _, worker, seq = sk.split("#")
     batch = None
+    bad = item["bad"]["S"] if "bad" in item else None
     if "batch" in item:
-        raw = zlib.decompressobj().decompress(item["batch"]["B"], 64 * 1024 * 1024)
-        batch = SystemBatch.model_validate_json(raw)
-    return SystemArrival(int(worker), int(seq), batch, item["bad"]["S"] if "bad" in item else None)
+        try:
+            raw = zlib.decompressobj().decompress(item["batch"]["B"], MAX_SYSTEM_BYTES + 1)
+            batch = SystemBatch.model_validate_json(raw)
+        except (zlib.error, ValueError) as exc:  # never a stuck job: the batch keeps its place
+            bad = f"system/worker-{int(worker):05d}/{int(seq):012d}.json: buffered batch unreadable: {exc}"
+            bad = bad[:MAX_REASON_CHARS]
+    return SystemArrival(int(worker), int(seq), batch, bad, at=_at(item))

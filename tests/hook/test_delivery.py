@@ -1,26 +1,35 @@
-"""Writing to S3 (moto server on 127.0.0.1), a slow and a failing store, spill and retry, stop."""
+"""Writing to S3 (moto server on 127.0.0.1), a slow, failing or missing store, spill and retry, stop."""
 
 import json
 import logging
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 import trainguard
+from hook_fakes import FlakyStore
+from segment_reader import JobView
 from torch import nn
 from trainguard.format import layout
 from trainguard.format.documents import EndMarker, StopSignal, dump_document, parse_document
 from trainguard.hook.storage import S3Store, parse_s3_url
-from trainguard.hook.uploader import Uploader
 
 
-def numpy_loop(hook, steps, size=64):
+def numpy_loop(hook, steps, size=64, start=0):
     w = np.arange(size, dtype=np.float32)
-    for step in range(steps):
+    for step in range(start, start + steps):
         hook.save_scalar("loss", float(step), step=step, collections=["losses"])
         hook.save_tensor("w", w + step, step=step, collections=["weights"])
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def full_weights_hook(out_dir, **kwargs):
@@ -46,15 +55,16 @@ def test_numpy_and_torch_loops_to_s3(s3):
     with full_weights_hook(url) as hook:
         numpy_loop(hook, 4)
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"])
+    # full weights are due at every step: each step's window closes at once ("full")
     assert keys == [
         "jobs/np-job/end/worker-00000.json",
         "jobs/np-job/manifest.json",
-        *[f"jobs/np-job/steps/{s:012d}/worker-00000.safetensors" for s in range(4)],
+        *["jobs/np-job/" + layout.segment_key(0, s, s, s) for s in range(4)],
     ]
-    trial = trainguard.create_trial(url)
-    assert trial.steps() == [0, 1, 2, 3]
-    np.testing.assert_array_equal(trial.tensor("w").value(3), np.arange(64, dtype=np.float32) + 3)
-    assert trial.tensor("loss").values() == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
+    job = JobView(url)
+    assert job.steps() == [0, 1, 2, 3]
+    np.testing.assert_array_equal(job.value("w", 3), np.arange(64, dtype=np.float32) + 3)
+    assert job.scalars()["loss"] == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
 
     torch.manual_seed(0)
     model, crit = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), nn.CrossEntropyLoss()
@@ -67,15 +77,13 @@ def test_numpy_and_torch_loops_to_s3(s3):
             loss = crit(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
             loss.backward()
             losses.append(loss)
-    trial = trainguard.create_trial(url)
-    assert trial.steps() == [0, 1, 2]
-    assert trial.tensor("CrossEntropyLoss_output_0").value(2) == pytest.approx(losses[2].item())
-    assert "gradient/0.weight" in trial.tensor_names(step=0)
+    job = JobView(url)
+    assert job.steps() == [0, 1, 2]
+    assert job.scalar("CrossEntropyLoss_output_0", 2) == pytest.approx(losses[2].item())
+    assert "gradient/Sequential_0.weight" in job.tensor_names(step=0)
 
 
-def test_trial_reads_one_tensor_with_ranged_gets(s3, tmp_path):
-    from hook_fakes import FlakyStore
-
+def test_one_tensor_is_read_with_ranged_gets(s3):
     _, bucket = s3
     url = f"s3://{bucket}/jobs/ranged"
     big = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
@@ -83,82 +91,92 @@ def test_trial_reads_one_tensor_with_ranged_gets(s3, tmp_path):
         hook.save_tensor("big", big, step=0, collections=["weights"])
         hook.save_tensor("small", np.ones(3, np.float32), step=0, collections=["weights"])
     store = FlakyStore(S3Store(url))
-    trial = trainguard.create_trial(url, store=store)
-    np.testing.assert_array_equal(trial.tensor("small").value(0), np.ones(3, np.float32))
-    key = layout.step_key(0, 0)
-    header_read, tensor_read = store.ranges
-    assert header_read == (key, 0, 64 * 1024)
-    assert tensor_read[2] - tensor_read[1] == 12  # only the 3 floats, not the 256 KiB tensor
+    job = JobView(store)
+    (segment,) = job.segments()
+    store.ranges.clear()
+    np.testing.assert_array_equal(job.value("small", 0), np.ones(3, np.float32))
+    ((key, start, end),) = store.ranges
+    assert key == segment.key and end - start == 12  # only the 3 floats, not the 256 KiB tensor
 
 
 def test_slow_store_does_not_block_training(flaky_local):
     store = flaky_local(delay_s=0.2)
-    hook = full_weights_hook(store.url, store=store)
+    hook = full_weights_hook(store.url, store=store, window_s=0.2)
     started = time.perf_counter()
     numpy_loop(hook, 10)
     elapsed = time.perf_counter() - started
-    assert elapsed < 0.5, f"10 saves took {elapsed:.2f}s with a store taking 0.2s per PUT"
-    hook.close()
-    trial = trainguard.create_trial(store.url)
-    assert trial.steps() == list(range(10))
-    assert trial.end_markers()[0].dropped_objects == 0
+    assert elapsed < 2.0, f"10 saves took {elapsed:.2f}s with a store taking 0.2s per PUT"
+    report = hook.close()
+    assert report.ok
+    job = JobView(store.inner)
+    assert job.steps() == list(range(10))
+    assert job.end_markers()[0].dropped_objects == 0
 
 
 def test_failing_store_spills_and_retries_nothing_lost(flaky_local, tmp_path, caplog):
     store = flaky_local(failing=True)
     spill = tmp_path / "spill"
     with caplog.at_level(logging.INFO, logger="trainguard.hook"):
-        hook = full_weights_hook(store.url, store=store, spill_dir=spill, flush_timeout_s=20)
-        hook._uploader._backoff_initial = hook._uploader._backoff_max = 0.05
-        started = time.perf_counter()
-        numpy_loop(hook, 8)
-        assert time.perf_counter() - started < 0.5
-        deadline = time.monotonic() + 10
-        while hook.upload_stats.spilled < 7 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        spilled_files = list(spill.rglob("*steps__*"))
-        assert spilled_files, "objects must be on disk while the store is down"
+        hook = full_weights_hook(store.url, store=store, spill_dir=spill, flush_timeout_s=20, window_s=0.2)
+        hook._delivery.backoff_initial_s = hook._delivery.backoff_max_s = 0.05
+        for step in range(8):
+            numpy_loop(hook, 1, start=step)
+            hook.flush()  # one segment per step, so that several wait while the store is down
+            assert wait_for(lambda step=step: hook.segments_written > step)
+        assert wait_for(lambda: hook.upload_stats.spilled >= 5)
+        assert list(spill.rglob("*segments__*")), "objects must be on disk while the store is down"
         assert store.failed
         store.failing.clear()  # S3 is back
-        hook.close()
-    assert "spilling to disk and retrying" in caplog.text
+        report = hook.close()
+    assert report.ok
+    assert "simulated outage" in caplog.text and "retrying" in caplog.text
     assert "works again" in caplog.text
-    trial = trainguard.create_trial(store.url)
-    assert trial.steps() == list(range(8))
-    assert [trial.header(s).prev_step for s in range(8)] == [None, 0, 1, 2, 3, 4, 5, 6]
-    end = trial.end_markers()[0]
+    job = JobView(store.inner)
+    assert job.steps() == list(range(8))
+    segments = job.segments()
+    assert [s.header.seq for s in segments] == list(range(len(segments)))
+    end = job.end_markers()[0]
     assert end.dropped_objects == 0 and end.steps_written == 8
-    assert not any(spill.rglob("*steps__*")), "delivered spill files are removed"
+    assert not any(spill.rglob("*segments__*")), "delivered spill files are removed"
 
 
-def test_undeliverable_objects_are_counted_in_the_end_marker(flaky_local, tmp_path, caplog):
-    store = flaky_local(fail_prefix="steps/")
+def test_undeliverable_objects_are_counted_and_reported(flaky_local, tmp_path, caplog, capsys):
+    store = flaky_local(fail_prefix="segments/")
     with caplog.at_level(logging.ERROR, logger="trainguard.hook"):
         hook = full_weights_hook(store.url, store=store, spill_dir=tmp_path / "spill", flush_timeout_s=0.5)
-        numpy_loop(hook, 3)
-        hook.close()
+        for step in range(3):
+            numpy_loop(hook, 1, start=step)
+            hook.flush()
+            assert wait_for(lambda step=step: hook.segments_written > step)
+        report = hook.close()
     end = parse_document(EndMarker, store.inner.get(layout.end_key(0)))
-    assert end.dropped_objects == 3 and end.last_step == 2
-    assert "3 objects could not be delivered" in caplog.text
-    assert "spilled objects kept in" in caplog.text
-    assert len(list((tmp_path / "spill").rglob("*steps__*"))) == 3  # kept for a later upload
+    assert not report.ok and report.undelivered == end.dropped_objects and end.dropped_objects >= 1
+    assert end.last_step == 2 and end.segments == report.segments
+    assert "NOT everything reached" in caplog.text and "were not delivered" in caplog.text
+    assert report.spill_dir and list((tmp_path / "spill").rglob("*segments__*"))  # kept for a later upload
 
 
-def test_full_queue_drops_and_counts_without_blocking(flaky_local, caplog):
-    store = flaky_local()
-    gate = threading.Event()
-
-    def slow_encode(item):
-        gate.wait(5)
-        return None
-
-    up = Uploader(store, slow_encode, queue_size=2)
+def test_a_missing_bucket_is_said_plainly_at_the_first_write_and_at_close(s3, caplog):
+    """The README's example with a bucket that does not exist: plain words, twice, fast."""
+    _, bucket = s3
+    url = f"s3://no-such-{bucket}/jobs/readme-job"
     with caplog.at_level(logging.WARNING, logger="trainguard.hook"):
-        results = [up.submit(object()) for _ in range(6)]
-    assert results.count(False) >= 3 and up.stats.dropped == results.count(False)
-    assert "dropped" in caplog.text
-    gate.set()
-    assert up.close(5) == 0
+        hook = trainguard.Hook(url, flush_timeout_s=30, stop_check_interval_s=0, window_s=0.2)
+        for step in range(20):
+            hook.save_scalar("loss", 1.0, step=step)
+        assert wait_for(lambda: hook.upload_stats.first_error is not None)
+        started = time.monotonic()
+        report = hook.close()
+        closing = time.monotonic() - started
+    first = next(r for r in caplog.records if "does not exist" in r.getMessage())
+    assert first.levelname == "ERROR"
+    assert f"the bucket no-such-{bucket} does not exist" in first.getMessage()
+    assert "Nothing this job records reaches the service" in first.getMessage()
+    assert not report.ok and report.undelivered >= 2 and not report.end_marker_written
+    assert report.error and "does not exist" in report.error
+    assert closing < 15, "a permanent failure must not keep close() retrying for the whole timeout"
+    summary = caplog.records[-1].getMessage()
+    assert "NOT everything reached" in summary and "were not delivered" in summary
 
 
 def test_flush_is_bounded(flaky_local):
@@ -167,7 +185,31 @@ def test_flush_is_bounded(flaky_local):
     numpy_loop(hook, 3)
     started = time.perf_counter()
     hook.close()
-    assert time.perf_counter() - started < 2.0 + 3 * 0.2 + 2.5  # timeout + one PUT in flight + end marker
+    assert time.perf_counter() - started < 2.0 + 2.0 + 3 * 2.5  # timeout + one PUT in flight + end marker
+
+
+def test_describe_failure_in_plain_words():
+    from botocore.exceptions import ClientError, NoCredentialsError
+    from trainguard.hook.storage import StoreError, describe_failure
+
+    def client_error(code):
+        return ClientError({"Error": {"Code": code, "Message": "x"}}, "PutObject")
+
+    url = "s3://bucket/jobs/j"
+    wrapped = StoreError("PUT failed")
+    wrapped.__cause__ = client_error("NoSuchBucket")
+    assert describe_failure(url, wrapped) == (
+        True,
+        "cannot write to s3://bucket/jobs/j: the bucket bucket does not exist",
+    )
+    assert describe_failure(url, client_error("AccessDenied"))[0] is True
+    assert "s3:PutObject" in describe_failure(url, client_error("AccessDenied"))[1]
+    assert describe_failure(url, NoCredentialsError()) == (
+        True,
+        "cannot write to s3://bucket/jobs/j: no AWS credentials were found (NoCredentialsError)",
+    )
+    assert describe_failure(url, client_error("SlowDown"))[0] is False
+    assert describe_failure("/ro", PermissionError(13, "Permission denied"))[0] is True
 
 
 def write_stop(store):
