@@ -78,11 +78,10 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
     )
 
     def reads(self) -> tuple[RuleInput, ...]:
-        return (
-            RuleInput(
-                "weights", collections=("weights",), statistics=("l2", "update_l2"), modes=UPDATING_MODES
-            ),
-        )
+        # every mode: the hook's update_l2 is measured against the previous save in any mode
+        # (an EVAL save in between makes the next TRAIN save's update 0), so a TRAIN-only
+        # declaration would leave a short job's TRAIN saves without it; ``update`` skips EVAL
+        return (RuleInput("weights", collections=("weights",), statistics=("l2", "update_l2")),)
 
     def coverage(self, state: WeightUpdateRatioState) -> Coverage:
         reason = ""
