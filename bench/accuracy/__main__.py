@@ -1,9 +1,9 @@
-"""``python -m bench.accuracy``: run the benchmark and rewrite docs/accuracy.md."""
+"""``python -m bench.accuracy``: the accuracy benchmark v2 (see ``bench/accuracy/cli.py``)."""
 
 from __future__ import annotations
 
 import sys
 
-from bench.accuracy.run import main
+from bench.accuracy.cli import main
 
 sys.exit(main())

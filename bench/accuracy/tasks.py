@@ -1,217 +1,297 @@
-"""Base tasks (datasets and models) and the training configuration a run is built from.
+"""Task families: synthetic data and small models, generated with numpy and torch (no download).
 
-Two tasks, both generated with numpy (no scikit-learn), a few thousand samples each:
+Five PyTorch families and one XGBoost family, each a few seconds of CPU per run:
 
-* ``circles``: two noisy concentric circles in 2-D (as ``make_circles(noise=0.1, factor=0.5)``),
-  standardised; an MLP (ReLU, tanh or sigmoid hidden layers).
-* ``digits``: 8x8 "digits-like" images: 10 fixed stroke prototypes (pixel values 0..16, like
-  scikit-learn's digits), each sample a prototype shifted by up to one pixel plus noise;
-  standardised with the dataset's mean and std; a small CNN (or an MLP).
+* ``tabular``: 16 raw features of mixed scale and offset (like unprocessed tabular data),
+  4 classes from a fixed random teacher network (8 tanh units) plus 5% label noise; standardised by the
+  pipeline with the training set's statistics; an MLP (ReLU or tanh).
+* ``cnn``: 32x32 RGB images (0-255) of 4 shape classes (square, disc, cross, stripes) at
+  random positions, colours and sizes, with pixel noise; normalised by the pipeline
+  (/255, per-channel mean and std); a two-block CNN.
+* ``lstm``: padded token sequences (vocabulary 48, lengths 8-32, pad id 0); the class is the
+  first of four marker tokens that occurs (the rest are distractors); embedding + LSTM.
+* ``transformer``: the same sequences; a one-layer pre-norm transformer encoder with a
+  padding mask and mean pooling over real tokens.
+* ``resnet``: the images, through a residual network with BatchNorm (test split only).
+* ``xgboost``: the tabular features, a binary target from the same teacher (see ``xgb.py``).
 
-A task's data depend on the run's seed only through sampling noise: the prototypes are fixed.
+A family's data depend on the seed only through sampling; the teacher, prototypes and
+vocabulary are fixed, so every seed is the same task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines one training run. A fault is a set of overrides of these fields."""
-
-    task: str = "circles"  # circles | digits
-    arch: str = "mlp"  # mlp | cnn
-    act: str = "relu"  # relu | tanh | sigmoid (MLP hidden layers)
-    hidden: tuple[int, ...] = (32, 32)
-    optimizer: str = "adam"  # adam | sgd
-    lr: float = 0.01
-    momentum: float = 0.0
-    steps: int = 120
-    batch: int = 128
-    eval_every: int = 5
-    n_train: int = 1000
-    n_val: int = 500
-    seed: int = 0
-    # --- injections (defaults: none)
-    input_scale: float = 1.0  # multiply the standardised inputs (circles), or pixels 0..255 (digits: raw)
-    raw_pixels: bool = False  # digits: leave pixels in 0..255 instead of standardising
-    bias_init: float | None = None  # constant bias of every hidden layer
-    weight_gain: float = 1.0  # multiply every initial weight
-    layer_gain: tuple[tuple[int, float], ...] = ()  # (linear layer index, factor) on initial weights
-    zero_init: bool = False  # every weight and bias starts at 0
-    frozen: tuple[str, ...] = ()  # parameter-name prefixes with requires_grad=False
-    minority_ratio: float | None = None  # keep 1/ratio of class 1 (class imbalance)
-    confuse: tuple[int, int, float] | None = None  # (a, b, share): relabel share of class a as b
-
-    def variant(self) -> str:
-        """Names the clean configuration a run belongs to (its clean twin's key)."""
-        if self.arch == "cnn":
-            return f"{self.task}-cnn"
-        depth = len(self.hidden)
-        return f"{self.task}-{self.act}-mlp{depth}"
-
-    def but(self, **changes: Any) -> RunConfig:
-        return replace(self, **changes)
-
-
-# ------------------------------------------------------------------------------ data
-#: noise of the circles (make_circles' ``noise``): enough overlap that the loss stays well above 0
-CIRCLES_NOISE = 0.15
-#: pixel noise of the digits (values 0..16): enough that the loss stays well above 0
-DIGITS_NOISE = 6.0
-
-
-def _circles(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    n_out = n // 2
-    n_in = n - n_out
-    t_out = rng.uniform(0, 2 * np.pi, n_out)
-    t_in = rng.uniform(0, 2 * np.pi, n_in)
-    x = np.concatenate(
-        [np.stack([np.cos(t_out), np.sin(t_out)], 1), 0.5 * np.stack([np.cos(t_in), np.sin(t_in)], 1)]
-    )
-    x = x + rng.normal(0.0, CIRCLES_NOISE, x.shape)
-    y = np.concatenate([np.zeros(n_out, np.int64), np.ones(n_in, np.int64)])
-    order = rng.permutation(n)
-    return x[order].astype(np.float32), y[order]
-
-
-def _prototypes() -> np.ndarray:
-    """Ten fixed 8x8 stroke images with values 0..16 (the same for every run)."""
-    rng = np.random.default_rng(12345)
-    protos = np.zeros((10, 8, 8), np.float32)
-    for k in range(10):
-        for _ in range(3):
-            r0, c0, r1, c1 = rng.integers(1, 7, 4)
-            steps = max(abs(r1 - r0), abs(c1 - c0)) + 1
-            rows = np.linspace(r0, r1, steps).round().astype(int)
-            cols = np.linspace(c0, c1, steps).round().astype(int)
-            protos[k, rows, cols] = 16.0
-    return protos
-
-
-_PROTOS = _prototypes()
-
-
-def _digits(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    y = rng.integers(0, 10, n)
-    x = _PROTOS[y].copy()
-    shifts = rng.integers(-1, 2, (n, 2))
-    for i, (dr, dc) in enumerate(shifts):
-        x[i] = np.roll(x[i], (int(dr), int(dc)), axis=(0, 1))
-    x = np.clip(x + rng.normal(0.0, DIGITS_NOISE, x.shape), 0.0, 16.0)
-    return x.reshape(n, 1, 8, 8).astype(np.float32), y.astype(np.int64)
+CLASSES = 4
+TAB_FEATURES = 16
+IMG = 32
+VOCAB = 48
+SEQ_MAX = 32
+MARKERS = (1, 2, 3, 4)
+PAD = 0
 
 
 @dataclass
-class Data:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    classes: int
+class Split:
+    """Raw (un-normalised) samples of one split: what a data pipeline reads from storage."""
+
+    x: np.ndarray
+    y: np.ndarray
 
 
-def make_data(cfg: RunConfig) -> Data:
-    rng = np.random.default_rng(1000 + cfg.seed)
-    gen = _circles if cfg.task == "circles" else _digits
-    x, y = gen(cfg.n_train + cfg.n_val, rng)
-    x_tr, y_tr, x_va, y_va = x[: cfg.n_train], y[: cfg.n_train], x[cfg.n_train :], y[cfg.n_train :]
-    if cfg.minority_ratio:
-        # keep 1/ratio of class 1 in both splits (the validation set has the same skew)
-        def skew(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            idx1 = np.flatnonzero(ys == 1)
-            n_other = int(np.sum(ys != 1))
-            keep1 = idx1[: max(1, int(n_other / (cfg.minority_ratio or 1) / max(1, len(np.unique(ys)) - 1)))]
-            keep = np.sort(np.concatenate([np.flatnonzero(ys != 1), keep1]))
-            return xs[keep], ys[keep]
+@dataclass
+class Dataset:
+    family: str
+    train: Split
+    val: Split
+    classes: int = CLASSES
 
-        x_tr, y_tr = skew(x_tr, y_tr)
-        x_va, y_va = skew(x_va, y_va)
-    if cfg.confuse:
-        a, b, share = cfg.confuse
-        idx = np.flatnonzero(y_tr == a)
-        flip = rng.choice(idx, int(len(idx) * share), replace=False)
-        y_tr = y_tr.copy()
-        y_tr[flip] = b
-        idx = np.flatnonzero(y_va == a)
-        flip = rng.choice(idx, int(len(idx) * share), replace=False)
-        y_va = y_va.copy()
-        y_va[flip] = b
-    if cfg.task == "digits" and cfg.raw_pixels:
-        x_tr, x_va = x_tr * 16.0, x_va * 16.0  # 0..256: images left in 0-255
-    else:
-        mean, std = float(x_tr.mean()), float(x_tr.std())
-        x_tr, x_va = (x_tr - mean) / std, (x_va - mean) / std
-    x_tr, x_va = x_tr * cfg.input_scale, x_va * cfg.input_scale
-    classes = 2 if cfg.task == "circles" else 10
-    return Data(
-        torch.from_numpy(x_tr),
-        torch.from_numpy(y_tr),
-        torch.from_numpy(x_va),
-        torch.from_numpy(y_va),
-        classes,
+
+# ------------------------------------------------------------------------------ tabular
+def _teacher() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed random two-layer network labels the tabular data (same for every seed)."""
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(0, 1, (TAB_FEATURES, 8))
+    w2 = rng.normal(0, 1, (8, CLASSES))
+    offset = rng.uniform(-50, 200, TAB_FEATURES)  # raw features: offsets and scales of real columns
+    scale = np.exp(rng.uniform(np.log(0.5), np.log(80.0), TAB_FEATURES))
+    mix = np.linalg.qr(rng.normal(0, 1, (TAB_FEATURES, TAB_FEATURES)))[0]
+    return w1, w2, offset, scale, mix
+
+
+_TEACHER = _teacher()
+
+
+def tabular_latent(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Standard-normal latent features and the teacher's logits for them."""
+    w1, w2, _, _, mix = _TEACHER
+    z = rng.normal(0, 1, (n, TAB_FEATURES)) @ mix
+    logits = np.tanh(0.5 * z @ w1) @ w2
+    return z, logits
+
+
+def tabular_raw(z: np.ndarray) -> np.ndarray:
+    _, _, offset, scale, _ = _TEACHER
+    return (z * scale + offset).astype(np.float32)
+
+
+def _tabular(n: int, rng: np.random.Generator) -> Split:
+    z, logits = tabular_latent(n, rng)
+    y = logits.argmax(1)
+    noisy = rng.random(n) < 0.05  # label noise: the loss stays well above 0
+    y[noisy] = rng.integers(0, CLASSES, int(noisy.sum()))
+    return Split(tabular_raw(z), y.astype(np.int64))
+
+
+# ------------------------------------------------------------------------------ images
+def _images(n: int, rng: np.random.Generator) -> Split:
+    y = rng.integers(0, CLASSES, n)
+    yy, xx = np.mgrid[0:IMG, 0:IMG].astype(np.float32)
+    cy = rng.uniform(9, 23, n)[:, None, None]
+    cx = rng.uniform(9, 23, n)[:, None, None]
+    r = rng.uniform(4, 8, n)[:, None, None]
+    dy, dx = yy[None] - cy, xx[None] - cx
+    masks = np.stack(
+        [
+            (np.abs(dy) < r) & (np.abs(dx) < r),  # square
+            dy**2 + dx**2 < r**2,  # disc
+            ((np.abs(dy) < r / 3) | (np.abs(dx) < r / 3)) & (np.abs(dy) < r) & (np.abs(dx) < r),  # cross
+            (np.sin(xx[None] * 1.4 + cy) > 0.3) & (np.abs(dy) < r) & (np.abs(dx) < r),  # stripes
+        ],
+        1,
     )
+    shape = masks[np.arange(n), y].astype(np.float32)
+    fg = rng.uniform(90, 255, (n, 3, 1, 1)).astype(np.float32)
+    bg = rng.uniform(0, 110, (n, 3, 1, 1)).astype(np.float32)
+    img = bg + (fg - bg) * shape[:, None]
+    img = img + rng.normal(0, 45, img.shape)
+    return Split(np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64))
+
+
+# ------------------------------------------------------------------------------ sequences
+def _sequences(n: int, rng: np.random.Generator) -> Split:
+    lengths = rng.integers(8, SEQ_MAX + 1, n)
+    x = rng.integers(len(MARKERS) + 1, VOCAB, (n, SEQ_MAX))
+    y = rng.integers(0, CLASSES, n)
+    for i in range(n):
+        length = int(lengths[i])
+        first = int(rng.integers(0, max(1, length // 2)))
+        x[i, first] = MARKERS[y[i]]
+        # later markers of other classes: distractors (only the first one counts)
+        for pos in rng.choice(np.arange(first + 1, length), size=min(2, length - first - 1), replace=False):
+            x[i, pos] = MARKERS[int(rng.integers(0, CLASSES))]
+        x[i, length:] = PAD
+    flip = rng.random(n) < 0.05
+    y[flip] = rng.integers(0, CLASSES, int(flip.sum()))
+    return Split(x.astype(np.int64), y.astype(np.int64))
+
+
+_GENERATORS = {
+    "tabular": _tabular,
+    "cnn": _images,
+    "resnet": _images,
+    "lstm": _sequences,
+    "transformer": _sequences,
+}
+SIZES = {
+    "tabular": (4000, 1000),
+    "cnn": (2000, 512),
+    "resnet": (2000, 512),
+    "lstm": (2000, 512),
+    "transformer": (2000, 512),
+}
+
+
+def make_dataset(family: str, seed: int) -> Dataset:
+    n_train, n_val = SIZES[family]
+    rng = np.random.default_rng(10_000 + seed)
+    gen = _GENERATORS[family]
+    return Dataset(family, gen(n_train, rng), gen(n_val, rng))
 
 
 # ------------------------------------------------------------------------------ models
-_ACTS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+class TabularMLP(nn.Module):
+    def __init__(self, act: str = "relu", hidden: tuple[int, ...] = (64, 64)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = TAB_FEATURES
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU() if act == "relu" else nn.Tanh()]
+            width = h
+        layers.append(nn.Linear(width, CLASSES))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # type: ignore[no-any-return]
 
 
-def make_model(cfg: RunConfig, data: Data) -> nn.Module:
-    torch.manual_seed(cfg.seed)
-    if cfg.arch == "cnn":
-        model: nn.Module = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1),
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(8, 16, 3, padding=1),
             nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(64, 32),
-            nn.ReLU(),
-            nn.Linear(32, data.classes),
+            nn.MaxPool2d(4),
         )
-    else:
-        layers: list[nn.Module] = []
-        width = int(np.prod(data.x_train.shape[1:]))
-        if cfg.task == "digits":
-            layers.append(nn.Flatten())
-        for h in cfg.hidden:
-            layers += [nn.Linear(width, h), _ACTS[cfg.act]()]
-            width = h
-        layers.append(nn.Linear(width, data.classes))
-        model = nn.Sequential(*layers)
-    _initialise(model, cfg)
-    for name, p in model.named_parameters():
-        if any(name.startswith(prefix) for prefix in cfg.frozen):
-            p.requires_grad_(False)
-    return model
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # type: ignore[no-any-return]
 
 
-def _initialise(model: nn.Module, cfg: RunConfig) -> None:
-    layers = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
-    with torch.no_grad():
-        for index, layer in enumerate(layers):
-            layer.weight.mul_(cfg.weight_gain)
-            for i, gain in cfg.layer_gain:
-                if i == index:
-                    layer.weight.mul_(gain)
-            if cfg.bias_init is not None and index < len(layers) - 1:
-                layer.bias.fill_(cfg.bias_init)
-            if cfg.zero_init:
-                layer.weight.zero_()
-                layer.bias.zero_()
+class _Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.skip = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.relu1(self.bn1(self.conv1(x)))
+        return self.relu2(self.bn2(self.conv2(h)) + self.skip(x))  # type: ignore[no-any-return]
 
 
-def make_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.Adam(params, lr=cfg.lr)
+class ResNetBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.block1 = _Block(8, 8, 1)
+        self.block2 = _Block(8, 16, 2)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block2(self.block1(self.stem(x)))
+        return self.fc(self.pool(h).flatten(1))  # type: ignore[no-any-return]
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 24, padding_idx=PAD)
+        self.lstm = nn.LSTM(24, 48, batch_first=True)
+        self.fc = nn.Linear(48, CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        lengths = (tokens != PAD).sum(1).clamp(min=1)
+        out, _ = self.lstm(self.embedding(tokens))
+        last = out[torch.arange(tokens.shape[0]), lengths - 1]
+        return self.fc(last)  # type: ignore[no-any-return]
+
+
+class _EncoderLayer(nn.Module):
+    """Pre-norm encoder layer; its feed-forward ReLU is a module, so the hook sees it."""
+
+    def __init__(self, d: int, heads: int, ff: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(d)
+        self.ff1 = nn.Linear(d, ff)
+        self.relu = nn.ReLU()
+        self.ff2 = nn.Linear(ff, d)
+
+    def forward(self, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        a = self.norm1(h)
+        h = h + self.attn(a, a, a, key_padding_mask=pad, need_weights=False)[0]
+        return h + self.ff2(self.relu(self.ff1(self.norm2(h))))  # type: ignore[no-any-return]
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, d: int = 32, layers: int = 1) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, d, padding_idx=PAD)
+        self.position = nn.Embedding(4 * SEQ_MAX, d)
+        self.layers = nn.ModuleList([_EncoderLayer(d, 4, 2 * d) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pad = tokens == PAD
+        pos = torch.arange(tokens.shape[1]).unsqueeze(0)
+        h = self.embedding(tokens) + self.position(pos)
+        for layer in self.layers:
+            h = layer(h, pad)
+        keep = (~pad).unsqueeze(-1).float()
+        pooled = (self.norm(h) * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+        return self.fc(pooled)  # type: ignore[no-any-return]
+
+
+def make_model(family: str, act: str = "relu") -> nn.Module:
+    if family == "tabular":
+        return TabularMLP(act)
+    if family == "cnn":
+        return SmallCNN()
+    if family == "resnet":
+        return ResNetBN()
+    if family == "lstm":
+        return LSTMClassifier()
+    if family == "transformer":
+        return TinyTransformer()
+    raise ValueError(f"unknown family {family!r}")
+
+
+def weight_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's weight-bearing layers in order (Linear, Conv2d, Embedding)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d | nn.Embedding)]
+
+
+def cosine(step: int, total: int) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))

@@ -303,3 +303,17 @@ def test_rank_from_torch_distributed(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     assert rank_and_world() == (3, 8)
+
+
+def test_update_l2_is_measured_between_saves_of_the_same_mode(tmp_path):
+    # an evaluation between two training saves holds the weights the next training save holds:
+    # measured across modes, that training update would read 0 and WeightUpdateRatio would fire
+    rules = [{"RuleConfigurationName": "wur", "RuleParameters": {"rule_to_invoke": "WeightUpdateRatio"}}]
+    w0, w1 = np.ones(16, dtype=np.float32), np.full(16, 1.5, dtype=np.float32)
+    with trainguard.Hook(tmp_path / "m", rules=rules) as hook:
+        hook.save_tensor("w", w0, collections=["weights"], step=0, mode="TRAIN", full=False)
+        hook.save_tensor("w", w1, collections=["weights"], step=1, mode="EVAL", full=False)
+        hook.save_tensor("w", w1, collections=["weights"], step=2, mode="TRAIN", full=False)
+    weight = trainguard.create_trial(tmp_path / "m").tensor("w")
+    assert weight.stats(2, mode="TRAIN").update_l2 == pytest.approx(float(np.linalg.norm(w1 - w0)))
+    assert weight.stats(1, mode="EVAL").update_l2 is None  # the first EVAL save

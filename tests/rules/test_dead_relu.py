@@ -14,11 +14,14 @@ def relu_step(step: int, dead_units: int, units: int = 10, name: str = "layer1_r
     return step_data(step, tensors={name: tensor(out, ["relu"], unit_active=active)})
 
 
-def test_fires_when_more_than_half_the_units_are_dead() -> None:
-    steps = [relu_step(s, d) for s, d in [(0, 0), (10, 3), (20, 5), (30, 6), (40, 9)]]
+def test_fires_when_more_than_threshold_layer_of_the_units_are_dead() -> None:
+    steps = [relu_step(s, d) for s, d in [(0, 0), (10, 3), (20, 5), (30, 7), (40, 8)]]
     out = run(make("DeadRelu"), steps)
-    assert out.fired_at == 30  # 60% > 50%; exactly 50% at step 20 is not "more than"
-    assert out.finding.value == 60.0 and out.finding.threshold == 50.0
+    assert out.fired_at == 40  # 80% > trainguard's 70%; exactly 70% at step 30 is not "more than"
+    assert out.finding.value == 80.0 and out.finding.threshold == 70.0
+    # SageMaker's documented default, given explicitly, keeps its meaning
+    sagemaker = run(make("DeadRelu", threshold_layer="50"), steps)
+    assert sagemaker.fired_at == 30 and sagemaker.finding.threshold == 50.0
     assert "layer1_relu_output" in out.finding.details()
 
 

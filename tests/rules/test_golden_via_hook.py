@@ -72,7 +72,7 @@ def test_dead_relu_fires_when_most_units_never_activate(hook_at, tmp_path):
         for step in range(5):
             act = rng.normal(size=(128, 10)).astype(np.float32)
             if step >= 2:
-                act[:, :6] = -1.0  # 60% of the units dead: > threshold_layer 50%
+                act[:, :8] = -1.0  # 80% of the units dead: > threshold_layer 70%
             hook.save_tensor("fc1/relu_output", np.maximum(act, 0), collections=["relu_output"], step=step)
     assert judge(tmp_path / "relu", [rule("DeadRelu")]) == {"DeadRelu": ("IssuesFound", 2)}
 

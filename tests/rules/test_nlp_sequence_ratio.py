@@ -21,12 +21,16 @@ def tokens(step: int, pad: int, total: int = 100, *, counts_only: bool = False) 
 
 
 def test_padding_share_fires() -> None:
-    out = run(make("NLPSequenceRatio"), [tokens(0, 20), tokens(1, 50), tokens(2, 64)])
-    assert out.fired_at == 2 and out.finding.value == 64.0 and out.finding.threshold == 50.0
+    steps = [tokens(0, 20), tokens(1, 64), tokens(2, 72)]
+    out = run(make("NLPSequenceRatio"), steps)
+    assert out.fired_at == 2 and out.finding.value == 72.0 and out.finding.threshold == 70.0
+    # SageMaker's documented default, given explicitly, keeps its meaning
+    sagemaker = run(make("NLPSequenceRatio", token_thresholds_percent="50"), steps)
+    assert sagemaker.fired_at == 1 and sagemaker.finding.threshold == 50.0
 
 
 def test_value_counts_are_enough() -> None:
-    assert run(make("NLPSequenceRatio"), [tokens(0, 64, counts_only=True)]).fired_at == 0
+    assert run(make("NLPSequenceRatio"), [tokens(0, 72, counts_only=True)]).fired_at == 0
 
 
 def test_several_tokens_and_thresholds() -> None:

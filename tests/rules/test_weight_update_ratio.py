@@ -34,6 +34,23 @@ def test_tiny_update_fires() -> None:
     assert out.fired_at == 20 and out.finding.threshold == 1e-8
 
 
+def test_an_eval_save_of_the_weights_is_not_an_update() -> None:
+    """Weights saved during evaluation equal the last training step's: the hook's update_l2 is
+    0 there, which is no sign of a stalled layer."""
+    w = np.full((2, 2), 1.0)
+    steps = [
+        step_data(0, tensors={"weights/fc.weight": tensor(w, ["weights"], update_l2=None)}),
+        step_data(10, tensors={"weights/fc.weight": tensor(w, ["weights"], update_l2=0.02)}),
+        step_data(
+            14, tensors={"weights/fc.weight": tensor(w, ["weights"], update_l2=0.0)}, mode="EVAL", mode_step=0
+        ),
+        step_data(20, tensors={"weights/fc.weight": tensor(w, ["weights"], update_l2=0.02)}),
+    ]
+    out = run(make("WeightUpdateRatio"), steps)
+    assert out.fired_at is None
+    assert (out.state.ratios_checked, out.state.tensors_seen) == (2, 3)  # the EVAL save is not read
+
+
 def test_first_save_and_missing_update_are_not_judged() -> None:
     assert run(make("WeightUpdateRatio"), training([0.0, None, None])).fired_at is None
 

@@ -349,8 +349,10 @@ class Hook(SmdebugMethods):
         self._received: set[str] = set()
         self._coverage = FeedCheck(self._reads, self._rule_problems)
         self._torch: Any = None  # the TorchIntegration, once a module is registered
-        #: previous saved copy per tensor, for ``update_l2``
-        self._previous: dict[str, Any] = {}
+        #: previous saved copy per (mode, tensor), for ``update_l2``: an update is measured
+        #: between two saves of the same mode (an EVAL save of the weights holds the same
+        #: values as the next TRAIN save, and would make that update look like zero)
+        self._previous: dict[tuple[str, str], Any] = {}
         self._regex_cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
         self._stop_raised = False
         self._stop = StopWatcher(self._store, self.job_name, stop_check_interval_s or 0.0)
@@ -827,7 +829,7 @@ class Hook(SmdebugMethods):
             )
             return False
         if choice.update_norm and stats is not None:
-            stats = self._with_update_norm(name, value, stats, torch_value)
+            stats = self._with_update_norm((plan.mode.value, name), value, stats, torch_value)
         buf = self._buffer(plan)
         buf.tensors[name] = PendingTensor([c.name for c in cols], dtype, shape, stats, copy)
         assert self._record is not None
@@ -838,10 +840,11 @@ class Hook(SmdebugMethods):
         return True
 
     def _with_update_norm(
-        self, name: str, value: Any, stats: PendingStats | TensorStats, is_torch: bool
+        self, key: tuple[str, str], value: Any, stats: PendingStats | TensorStats, is_torch: bool
     ) -> PendingStats | TensorStats:
-        """Attach ``update_l2`` = ||value - previous save of ``name``|| (None on the first save)."""
-        prev = self._previous.get(name)
+        """Attach ``update_l2`` = ||value - previous save of the tensor in the same mode||
+        (None on the first save in that mode); ``key`` is (mode, name)."""
+        prev = self._previous.get(key)
         update: Any = None
         if is_torch:
             import torch
@@ -857,12 +860,12 @@ class Hook(SmdebugMethods):
                 update = float(diff) if cur.device.type == "cpu" else diff
                 prev.copy_(cur)
             else:
-                self._previous[name] = cur.clone()
+                self._previous[key] = cur.clone()
         else:
             cur_np = np.asarray(value)
             if prev is not None and getattr(prev, "shape", None) == cur_np.shape:
                 update = float(np.linalg.norm((cur_np.astype(np.float64) - prev).ravel()))
-            self._previous[name] = cur_np.astype(np.float64, copy=True)
+            self._previous[key] = cur_np.astype(np.float64, copy=True)
         if update is None:
             return stats
         if isinstance(stats, PendingStats):

@@ -13,7 +13,8 @@ DEFAULT_REGEX = ".*relu_output"
 class DeadReluConfig(RuleConfig):
     tensor_regex: Regex = DEFAULT_REGEX
     threshold_inactivity: Percent = 1.0
-    threshold_layer: Percent = 50.0
+    #: SageMaker: 50 (see ``trainguard.rules.catalog.DEPARTURES``)
+    threshold_layer: Percent = 70.0
     #: trainguard: the mode judged (None: TRAIN and GLOBAL, see the rule's docstring)
     mode: Mode | None = None
 

@@ -21,7 +21,8 @@ class NLPSequenceRatioConfig(RuleConfig):
     #: None: integer tensors of the ``inputs`` collection (see the rule's docstring)
     tensor_regex: Regex | None = None
     token_values: Annotated[tuple[int, ...], BeforeValidator(split_list)] = (0,)
-    token_thresholds_percent: Annotated[tuple[float, ...], BeforeValidator(split_list)] = (50.0,)
+    #: SageMaker: 50 (see ``trainguard.rules.catalog.DEPARTURES``)
+    token_thresholds_percent: Annotated[tuple[float, ...], BeforeValidator(split_list)] = (70.0,)
 
     @model_validator(mode="after")
     def _paired(self) -> NLPSequenceRatioConfig:
