@@ -78,9 +78,8 @@ class WeightUpdateRatio(Rule[WeightUpdateRatioConfig, WeightUpdateRatioState]):
     )
 
     def reads(self) -> tuple[RuleInput, ...]:
-        # every mode: the hook's update_l2 is measured against the previous save in any mode
-        # (an EVAL save in between makes the next TRAIN save's update 0), so a TRAIN-only
-        # declaration would leave a short job's TRAIN saves without it; ``update`` skips EVAL
+        # the hook measures update_l2 between two saves of the same mode; ``update`` judges the
+        # updating modes only (an EVAL save's "update" is the training between two evaluations)
         return (RuleInput("weights", collections=("weights",), statistics=("l2", "update_l2")),)
 
     def coverage(self, state: WeightUpdateRatioState) -> Coverage:
