@@ -436,10 +436,16 @@ def watch_requests(cloud: Any) -> Counters:
             counters.events += len(params.get("Entries", []))
 
     cloud.on_invoke.append(on_invoke)
-    service.store.client.meta.events.register("before-parameter-build.dynamodb", ddb_params)
-    service.store.client.meta.events.register("after-call.dynamodb", ddb_read)
-    service.s3.meta.events.register("before-call.s3", s3_get)
-    service.publisher.client.meta.events.register("before-parameter-build.events.PutEvents", put_events)
+    # the function's calls go through the clients of its own identity (local IAM enforcement):
+    # register on those, not on the benchmark's
+    from trainguard.service import clients
+
+    identity = cloud.authority.credentials("evaluate") if cloud.authority is not None else None
+    with clients.acting_as(identity):
+        service.store.client.meta.events.register("before-parameter-build.dynamodb", ddb_params)
+        service.store.client.meta.events.register("after-call.dynamodb", ddb_read)
+        service.s3.meta.events.register("before-call.s3", s3_get)
+        service.publisher.client.meta.events.register("before-parameter-build.events.PutEvents", put_events)
     return counters
 
 
@@ -776,6 +782,71 @@ def dollars(rates: dict[str, float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ report
+def cost_section(cost: list[dict[str, Any]]) -> list[str]:
+    """Section 4: requests per 1,000 steps and the cost of 10 hours (also ``--only-cost``)."""
+    lines: list[str] = []
+    add = lines.append
+    add("### 4. Requests per 1,000 training steps, and the cost of 10 hours (measured counts, list prices)")
+    add("")
+    add(
+        "| step time | workers | S3 PUT | SQS messages | invocations | DynamoDB requests | PutEvents "
+        f"| per worker-hour | 10 hours | goal ≤ ${TARGET_WORKER_HOUR} per worker-hour "
+        "| per worker-hour at 2 s / 5 s windows (estimated) |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for r in cost:
+        cfg = r["config"]
+        measured = r["steady"] or r
+        c = measured["counters"]
+        per_k = 1000 / max(measured["steps"], 1)
+        hour = sum(dollars(per_worker_hour(r)).values())
+        add(
+            f"| {1 / cfg['rate'] * 1e3:g} ms | {cfg['workers']} | {measured['puts'] * per_k:.1f} | "
+            f"{measured['puts'] * per_k:.1f} | {c['evaluate_invocations'] * per_k:.1f} | "
+            f"{sum(c['ddb'].values()) * per_k:.1f} | {c['events'] * per_k:.2f} | **${hour:.4f}** | "
+            f"${hour * cfg['workers'] * 10:.3f} | {'met' if hour <= TARGET_WORKER_HOUR else 'MISSED'} | "
+            f"${hour * cfg['window_s'] / 2:.4f} / ${hour * cfg['window_s'] / 5:.4f} |"
+        )
+    add("")
+    add(
+        "Counts per 1,000 training steps of the whole job (all workers) and per worker-hour are taken "
+        "while the job runs (between two progress reports of the training process: its start and its "
+        "end markers are left out; a job's start costs one transaction and 5 InProgress events, its end "
+        "a few requests and 6 events, whatever its length). With a window longer than the step, "
+        "every line but EventBridge follows the number of segments, so the last column scales the "
+        "measured cost by segments per hour (an estimate: a longer window's invocations do more work)."
+    )
+    add("")
+    worst = max(cost, key=lambda r: sum(dollars(per_worker_hour(r)).values()))
+    lines_of = dollars(per_worker_hour(worst))
+    total = sum(lines_of.values())
+    add(
+        f"Where a worker-hour's cost goes ({1 / worst['config']['rate'] * 1e3:g} ms steps, "
+        f"{worst['config']['workers']} workers, the dearest row): "
+        + ", ".join(
+            f"{k} ${v:.4f} ({v / total:.0%})" for k, v in sorted(lines_of.items(), key=lambda kv: -kv[1])
+        )
+        + f". The STATE item is {worst['state_item_bytes']:,} B; a buffered segment pointer about 100 B."
+    )
+    add("")
+    add(
+        "Counted: the training process's S3 PUTs (segments, manifest, end markers: each is one S3 → SQS "
+        "message); evaluate invocations, their records and their duration (the local cloud's `on_invoke`); "
+        "DynamoDB requests by operation, with write units from the items written (1 KB each; a "
+        "transaction counts twice; a delete of a pointer one) and read units from the items read (4 KB "
+        "per strongly consistent read); S3 GETs and PutEvents entries of the evaluate function. "
+        "Assumed: SQS is billed one send per object plus one receive and one delete per invocation (the "
+        "event source mapping's idle polls are not included); Lambda GB-s is the local invocation time "
+        "at 1 GB; the local poller batches whatever is waiting (AWS's 1 s batching window batches at "
+        "least as much). Not included: the notify and stop-job functions (per alert, not per step), "
+        "CloudWatch metrics and logs, S3 storage. Per 1,000 steps counts steps of the whole job (all "
+        "workers); per worker-hour scales the run's counts to an hour of one worker."
+    )
+    add("")
+
+    return lines
+
+
 def render(results: dict[str, Any], elapsed: float, quick: bool, load: tuple[float, float]) -> str:
     lines: list[str] = []
     add = lines.append
@@ -830,12 +901,21 @@ def render(results: dict[str, Any], elapsed: float, quick: bool, load: tuple[flo
         lags = [(n - w) / rate for _, n, w in timeline if n >= 0]
         third = max(1, len(lags) // 3)
         first, last = statistics.mean(lags[:third] or [0]), statistics.mean(lags[-third:] or [0])
-        kept_up = t["drained"] and last <= first + 2 * cfg["window_s"]
+        # evaluation is caught up when the watermark reaches the newest step written; the
+        # queues' drain also waits for the other functions (the report of the whole job)
+        final_newest = max(n for _, n, _ in timeline)
+        last_write = min(when for when, n, _ in timeline if n == final_newest)
+        caught_up = [when for when, _, w in timeline if w >= final_newest]
+        eval_drain = (caught_up[0] - last_write) if caught_up else math.nan
+        kept_up = bool(caught_up) and last <= first + 2 * cfg["window_s"]
         add("")
         add(
             f"Lag p50 {pct(lags, 50):.1f} s, p95 {pct(lags, 95):.1f} s, "
             f"max {max(lags, default=math.nan):.1f} s; mean over the first third {first:.1f} s, over the "
-            f"last third {last:.1f} s; after the last write the pipeline drained in {t['drain_s']:.1f} s. "
+            f"last third {last:.1f} s; the watermark reached the newest step written {eval_drain:.1f} s "
+            f"after the last write was seen (sampling every 0.5 s), and every queue (the profiler report "
+            f"of the whole job included) was idle {t['drain_s']:.1f} s after it"
+            f"{'' if t['drained'] else ' (the 120 s limit of the wait: still busy)'}. "
             f"**{'Kept up' if kept_up else 'Fell behind'}** (the lag stays within two windows of where it "
             f"started and everything written was evaluated). {t['steps']:,} steps of "
             f"{cfg['workers']} workers, {t['puts']:,} objects, "
@@ -869,63 +949,7 @@ def render(results: dict[str, Any], elapsed: float, quick: bool, load: tuple[flo
     )
     add("")
 
-    add("### 4. Requests per 1,000 training steps, and the cost of 10 hours (measured counts, list prices)")
-    add("")
-    add(
-        "| step time | workers | S3 PUT | SQS messages | invocations | DynamoDB requests | PutEvents "
-        f"| per worker-hour | 10 hours | goal ≤ ${TARGET_WORKER_HOUR} per worker-hour "
-        "| per worker-hour at 2 s / 5 s windows (estimated) |"
-    )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    for r in results["cost"]:
-        cfg = r["config"]
-        measured = r["steady"] or r
-        c = measured["counters"]
-        per_k = 1000 / max(measured["steps"], 1)
-        hour = sum(dollars(per_worker_hour(r)).values())
-        add(
-            f"| {1 / cfg['rate'] * 1e3:g} ms | {cfg['workers']} | {measured['puts'] * per_k:.1f} | "
-            f"{measured['puts'] * per_k:.1f} | {c['evaluate_invocations'] * per_k:.1f} | "
-            f"{sum(c['ddb'].values()) * per_k:.1f} | {c['events'] * per_k:.2f} | **${hour:.4f}** | "
-            f"${hour * cfg['workers'] * 10:.3f} | {'met' if hour <= TARGET_WORKER_HOUR else 'MISSED'} | "
-            f"${hour * cfg['window_s'] / 2:.4f} / ${hour * cfg['window_s'] / 5:.4f} |"
-        )
-    add("")
-    add(
-        "Counts per 1,000 training steps of the whole job (all workers) and per worker-hour are taken "
-        "while the job runs (between two progress reports of the training process: its start and its "
-        "end markers are left out; a job's start costs one transaction and 5 InProgress events, its end "
-        "a few requests and 6 events, whatever its length). With a window longer than the step, "
-        "every line but EventBridge follows the number of segments, so the last column scales the "
-        "measured cost by segments per hour (an estimate: a longer window's invocations do more work)."
-    )
-    add("")
-    worst = max(results["cost"], key=lambda r: sum(dollars(per_worker_hour(r)).values()))
-    lines_of = dollars(per_worker_hour(worst))
-    total = sum(lines_of.values())
-    add(
-        f"Where a worker-hour's cost goes ({1 / worst['config']['rate'] * 1e3:g} ms steps, "
-        f"{worst['config']['workers']} workers, the dearest row): "
-        + ", ".join(
-            f"{k} ${v:.4f} ({v / total:.0%})" for k, v in sorted(lines_of.items(), key=lambda kv: -kv[1])
-        )
-        + f". The STATE item is {worst['state_item_bytes']:,} B; a buffered segment pointer about 100 B."
-    )
-    add("")
-    add(
-        "Counted: the training process's S3 PUTs (segments, manifest, end markers: each is one S3 → SQS "
-        "message); evaluate invocations, their records and their duration (the local cloud's `on_invoke`); "
-        "DynamoDB requests by operation, with write units from the items written (1 KB each; a "
-        "transaction counts twice; a delete of a pointer one) and read units from the items read (4 KB "
-        "per strongly consistent read); S3 GETs and PutEvents entries of the evaluate function. "
-        "Assumed: SQS is billed one send per object plus one receive and one delete per invocation (the "
-        "event source mapping's idle polls are not included); Lambda GB-s is the local invocation time "
-        "at 1 GB; the local poller batches whatever is waiting (AWS's 1 s batching window batches at "
-        "least as much). Not included: the notify and stop-job functions (per alert, not per step), "
-        "CloudWatch metrics and logs, S3 storage. Per 1,000 steps counts steps of the whole job (all "
-        "workers); per worker-hour scales the run's counts to an hour of one worker."
-    )
-    add("")
+    lines += cost_section(results["cost"])
 
     imp = results["import"]
     add("### 5. Cold import of `functions/evaluate/handler.py` (measured)")
@@ -1001,6 +1025,20 @@ def _plan(quick: bool) -> dict[str, Any]:
     }
 
 
+def replace_cost_section(section: str) -> None:
+    """Swap section 4 of "## Pipeline" in docs/benchmarks.md for ``section``."""
+    doc = DOCS.read_text()
+    head = doc.index("### 4. Requests per 1,000 training steps")
+    tail = doc.index("### 5. Cold import", head)
+    note = (
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: this section rerun alone with "
+        "`bench/pipeline.py --only-cost`.)\n\n"
+    )
+    first_line_end = section.index("\n") + 2
+    body = section[:first_line_end] + note + section[first_line_end:].rstrip("\n") + "\n\n"
+    DOCS.write_text(doc[:head] + body + doc[tail:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1011,6 +1049,9 @@ def main() -> int:
     parser.add_argument("--config", help=argparse.SUPPRESS)  # one configuration, in this process
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)  # the training process of a configuration
+    parser.add_argument(
+        "--only-cost", action="store_true", help="rerun section 4 only and replace it in the docs"
+    )
     args = parser.parse_args()
     if args.train:
         return train_main(args.train)
@@ -1020,6 +1061,12 @@ def main() -> int:
     load_start = os.getloadavg()[0]
     configs = plan(args.quick, args.window)
     results: dict[str, Any] = {}
+    if args.only_cost:
+        section = "\n".join(cost_section([in_own_process(c) for c in configs["cost"]]))
+        print(section)
+        if not (args.no_docs or args.quick):
+            replace_cost_section(section)
+        return 0
     print("1. evaluate CPU per step", file=sys.stderr)
     results["pure"] = [in_own_process(c) for c in configs["pure"]]
     print("2. throughput", file=sys.stderr)
