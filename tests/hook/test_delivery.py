@@ -102,12 +102,12 @@ def test_one_tensor_is_read_with_ranged_gets(s3):
 def test_slow_store_does_not_block_training(flaky_local):
     store = flaky_local(delay_s=0.2)
     hook = full_weights_hook(store.url, store=store, window_s=0.2)
-    started = time.perf_counter()
     numpy_loop(hook, 10)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.0, f"10 saves took {elapsed:.2f}s with a store taking 0.2s per PUT"
+    written_while_training = len(store.puts)
     report = hook.close()
     assert report.ok
+    # the loop returned before the store had its objects (0.2 s each): saves never waited for PUTs
+    assert written_while_training < report.segments <= len(store.puts)
     job = JobView(store.inner)
     assert job.steps() == list(range(10))
     assert job.end_markers()[0].dropped_objects == 0
@@ -184,8 +184,10 @@ def test_flush_is_bounded(flaky_local):
     hook = full_weights_hook(store.url, store=store, flush_timeout_s=0.3)
     numpy_loop(hook, 3)
     started = time.perf_counter()
-    hook.close()
-    assert time.perf_counter() - started < 2.0 + 2.0 + 3 * 2.5  # timeout + one PUT in flight + end marker
+    report = hook.close()
+    # the outcome: close() gave up at its flush timeout and said what it could not deliver
+    assert report.undelivered >= 1 and not report.ok
+    assert time.perf_counter() - started < 60  # a safety net only (the bound is the timeout)
 
 
 def test_describe_failure_in_plain_words():
