@@ -11,7 +11,9 @@ local moto server:
 * ``none``: no hook (the baseline of its repetition);
 * ``default``: ``trainguard.Hook(out_dir)``: the default rules' inputs at the default intervals;
 * ``rules_every_step``: what the default rules read (losses, gradient mean-abs, non-finite
-  counts, ReLU activity), every step;
+  counts, ReLU activity), every step, printed beside
+* ``floor_rules``: one ``abs().sum()`` pass over the tensors those rules read (gradients and
+  ReLU outputs), plain PyTorch hooks: what reading them once per step costs at least;
 * ``full_stats_every_step``: every statistic of weights, biases, gradients and ReLU outputs,
   every step (``statistics="all"``), printed beside
 * ``floor``: one ``abs().sum()`` pass over exactly those tensors (plain PyTorch hooks, nothing
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -47,7 +50,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Hook overhead"
 MODELS = ("mlp", "cnn", "cnn_large")
-CONFIGS = ("none", "default", "rules_every_step", "full_stats_every_step", "floor", "full_every_10")
+CONFIGS = (
+    "none",
+    "default",
+    "rules_every_step",
+    "floor_rules",
+    "full_stats_every_step",
+    "floor",
+    "full_every_10",
+)
+#: (timed steps, warm-up steps) per model: each timed run lasts several seconds, so a
+#: process's start-up noise (thread placement, first-touch allocations) averages out
+STEPS = {"mlp": (400, 80), "cnn": (300, 60), "cnn_large": (20, 3)}
+#: each measured configuration -> the floor row it is compared with
+FLOORS = {"rules_every_step": "floor_rules", "full_stats_every_step": "floor"}
 SMDEBUG_CONFIGS = ("none", "default", "reductions_every_step", "full_every_10")
 LABELS = {
     "none": "no hook",
@@ -55,10 +71,15 @@ LABELS = {
     "rules_every_step": "what the default rules read, every step",
     "full_stats_every_step": "all statistics of weights+biases+gradients+relu_output, every step",
     "floor": "floor: one abs().sum() of those tensors, every step (plain PyTorch hooks)",
+    "floor_rules": "floor: one abs().sum() of the gradients and ReLU outputs, every step",
     "full_every_10": "full weights+biases+gradients every 10 steps (flush included)",
     "reductions_every_step": "reductions of weights+biases+gradients+relu_output, every step",
 }
 TARGETS = {"default": 1.01, "rules_every_step": 1.05, "full_every_10": 1.05}
+#: configurations whose ratio includes the final ``close()`` flush (the issue's "mean step,
+#: flush included"); the others are the steady state of a long job, and the flush is printed
+#: apart (``close()`` ms): a one-off cost a real job pays once, not per step
+WITH_FLUSH = frozenset({"full_every_10"})
 
 
 # ----------------------------------------------------------------------------- models
@@ -137,14 +158,16 @@ def trainguard_hook(config: str, out_dir: str) -> Any:
 
 
 class Floor:
-    """One ``abs().sum()`` of every weight, bias, gradient and ReLU output per step, nothing else."""
+    """One ``abs().sum()`` of every weight and bias (unless ``weights=False``), gradient and
+    ReLU output per step, nothing else."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, weights: bool = True) -> None:
         from torch import nn
 
         self.model = model
         self.sums: list[Any] = []
-        model.register_forward_pre_hook(self._weights)
+        if weights:
+            model.register_forward_pre_hook(self._weights)
         for sub in model.modules():
             if isinstance(sub, nn.ReLU):
                 sub.register_forward_hook(lambda m, i, out: self.sums.append(out.abs().sum()))
@@ -200,8 +223,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     model, loss_fn, opt, data = make_model(spec["model"], spec["quick"])
     config = spec["config"]
     hook: Any = None
-    if config == "floor":
-        hook = Floor(model)
+    if config in ("floor", "floor_rules"):
+        hook = Floor(model, weights=config == "floor")
     elif config != "none":
         make = smdebug_hook if spec["tool"] == "smdebug" else trainguard_hook
         hook = make(config, spec["out_dir"])
@@ -220,8 +243,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     cpu = time.process_time()
     for i in range(spec["steps"]):
         step(i)
+    loop = time.perf_counter() - started
     if hook is not None:
-        hook.close()  # the final flush counts
+        hook.close()  # the final flush: counted in ``step_ms``, apart in ``close_ms``
     wall = time.perf_counter() - started
     used = time.process_time() - cpu
     written = 0
@@ -229,6 +253,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         written = sum(p.stat().st_size for p in Path(spec["out_dir"]).rglob("*") if p.is_file())
     return {
         "step_ms": 1000 * wall / spec["steps"],
+        "loop_ms": 1000 * loop / spec["steps"],
+        "close_ms": 1000 * (wall - loop),
         "cpu_ms": 1000 * used / spec["steps"],
         "peak_mib": peak_rss_mib(),
         "bytes_per_step": written / (spec["steps"] + spec["warmup"]),
@@ -273,22 +299,23 @@ def measure(
                 order = list(configs)
                 rng.shuffle(order)
                 for config in order:
-                    if target == "s3" and config in ("none", "floor"):
+                    if target == "s3" and config in ("none", "floor", "floor_rules"):
                         continue  # nothing is written: the folder run is the same measurement
                     job = f"{model}-{config}-{rep}".replace("_", "-")
                     out = f"s3://bench/jobs/{tool}-{job}" if target == "s3" else f"{tmp}/{job}"
+                    steps, warmup = STEPS[model]
                     spec = {
                         "tool": tool,
                         "model": model,
                         "config": config,
-                        "out_dir": "" if config in ("none", "floor") else out,
-                        "steps": args.steps,
-                        "warmup": args.warmup,
+                        "out_dir": "" if config in ("none", "floor", "floor_rules") else out,
+                        "steps": args.steps or steps,
+                        "warmup": args.warmup or warmup,
                         "quick": args.quick,
                     }
                     results.setdefault((model, target, config), []).append(spawn(python, spec, env))
     for model in args.models:  # the baseline of the S3 runs is the folder baseline
-        for config in ("none", "floor"):
+        for config in ("none", "floor", "floor_rules"):
             if (model, "folder", config) in results:
                 results[(model, "s3", config)] = results[(model, "folder", config)]
     return results
@@ -301,7 +328,10 @@ def ratio(
     base = results.get((model, target, "none"))
     if not runs or not base:
         return float("nan")
-    return statistics.median(r["step_ms"] / b["step_ms"] for r, b in zip(runs, base, strict=False))
+    key = "step_ms" if config in WITH_FLUSH else "loop_ms"
+    return statistics.median(
+        r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False)
+    )
 
 
 def table(
@@ -311,10 +341,9 @@ def table(
     targets: list[str],
 ) -> str:
     head = "| model | configuration | step (ms) | " + " | ".join(f"ratio ({t})" for t in targets)
-    head += " | target | peak RSS MiB | bytes / step |"
-    lines = [head, "|" + "---|" * (6 + len(targets))]
+    head += " | target | close() ms (" + "/".join(targets) + ") | peak RSS MiB | bytes / step |"
+    lines = [head, "|" + "---|" * (7 + len(targets))]
     for model in models:
-        floor = ratio(results, model, "folder", "floor")
         for config in configs:
             runs = results.get((model, "folder", config))
             if not runs:
@@ -324,20 +353,39 @@ def table(
             for target in targets:
                 r = ratio(results, model, target, config)
                 cell = f"{r:.3f}"
-                if config == "full_stats_every_step" and floor == floor and floor > 1:
+                floor = ratio(results, model, "folder", FLOORS[config]) if config in FLOORS else math.nan
+                if floor == floor and floor > 1:
                     cell += f" ({(r - 1) / (floor - 1):.2f}x the floor's overhead)"
                 cells.append(cell)
-            goal = f"≤ {TARGETS[config]:.2f}" if config in TARGETS else ""
-            if config == "full_stats_every_step":
-                goal = "overhead ≤ 1.5x the floor's"
+            goal = verdict(results, model, config, targets)
+            closes = "/".join(
+                f"{statistics.median(r.get('close_ms', 0.0) for r in results.get(key, runs)):.0f}"
+                for key in ((model, t, config) for t in targets)
+            )
             rss = statistics.median(r["peak_mib"] for r in runs)
             written = statistics.median(r["bytes_per_step"] for r in runs)
             lines.append(
                 f"| {model} | {LABELS[config]} | {step:.1f} | "
                 + " | ".join(cells)
-                + f" | {goal} | {rss:.0f} | {written:,.0f} |"
+                + f" | {goal} | {closes} | {rss:.0f} | {written:,.0f} |"
             )
     return "\n".join(lines)
+
+
+def verdict(
+    results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, config: str, targets: list[str]
+) -> str:
+    """The issue's target for a configuration and whether every target (folder, S3) meets it."""
+    if config in TARGETS:
+        ok = all(ratio(results, model, t, config) <= TARGETS[config] for t in targets)
+        return f"≤ {TARGETS[config]:.2f}: {'met' if ok else 'missed'}"
+    if config == "full_stats_every_step":
+        floor = ratio(results, model, "folder", "floor")
+        if not (floor == floor and floor > 1):
+            return "overhead ≤ 1.5x the floor's: floor not measurable"
+        ok = all((ratio(results, model, t, config) - 1) <= 1.5 * (floor - 1) for t in targets)
+        return f"overhead ≤ 1.5x the floor's: {'met' if ok else 'missed'}"
+    return ""
 
 
 def start_moto() -> tuple[Any, dict[str, str]]:
@@ -386,8 +434,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=0, help="timed steps (default: per model, STEPS)")
+    parser.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: per model)")
     parser.add_argument("--quick", action="store_true", help="tiny models, 1 repetition of 12 steps, no docs")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     parser.add_argument("--no-s3", action="store_true", help="write to a folder only")
@@ -409,15 +457,26 @@ def main() -> None:
     import torch
 
     ours = measure("trainguard", sys.executable, CONFIGS, targets, args, env)
+    steps_text = ", ".join(
+        f"{args.steps or STEPS[m][0]} steps of `{m}` (after {args.warmup or STEPS[m][1]} warm-up steps)"
+        for m in args.models
+    )
     sizes = ", ".join(f"`{m}` {parameters(m) / 1e6:.1f} M parameters" for m in args.models)
     report = [
         f"Measured by `bench/hook_overhead.py` (`make bench`) on {os.cpu_count()} CPU cores, PyTorch "
-        f"{torch.__version__}: {args.reps} interleaved repetitions of {args.steps} steps (after "
-        f"{args.warmup} warm-up steps), every configuration in its own process. Models: {sizes} "
+        f"{torch.__version__}: {args.reps} interleaved repetitions of {steps_text}, every "
+        f"configuration in its own process. Models: {sizes} "
         "(`mlp`: 8 Linear(512)+ReLU, batch 128; `cnn`: 3 conv layers, batch 32; `cnn_large`: 6 conv "
         "layers of 128-512 channels and 2 dense, batch 64x3x32x32). *ratio*: median over repetitions "
-        "of the mean step (the hook's final flush included) over the no-hook run of the same "
-        "repetition; S3 is a local moto server (the S3 client's CPU is what a real job pays).",
+        "of the mean step over the no-hook run of the same repetition: the steady state of a long "
+        "job (segments are written every 2 s during the timed steps), except for `full_every_10` "
+        "whose ratio includes the final `close()` flush as the target asks; `close()` ms is the "
+        "one-off final flush (segment, end marker) of each run. S3 is a local moto server (the S3 "
+        "client's CPU is what a real job pays). *floor* rows: the least reading the same tensors "
+        "once per step costs (plain PyTorch hooks, nothing kept); `(Nx the floor's overhead)` "
+        "compares the overheads. These are CPU-only runs on 2 cores where PyTorch's own threads "
+        "use both cores: every statistic the hook computes and every byte it encodes competes with "
+        "the step itself, which a GPU job does not see.",
         "",
         "### trainguard",
         "",

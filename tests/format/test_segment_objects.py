@@ -342,3 +342,28 @@ def test_the_documented_ranged_get_recipe_reads_one_tensor_of_a_segment():
         exec(recipe, scope)
     assert scope["segment"]["format"] == "trainguard.segment/2"
     np.testing.assert_array_equal(np.frombuffer(scope["raw"], "<f4").reshape(64, 20), weight)
+
+
+def test_fast_construct_builds_what_model_construct_builds():
+    """The writer's ``construct`` gives the same document as pydantic's ``model_construct``,
+    and falls back to it for models with mutable defaults or a missing required field."""
+    from trainguard.format.documents import ModeRecord, ScalarRecord, TensorRecord, TensorStats, construct
+
+    stats = dict(numel=4, l1=2.0, mean_abs=0.5, nan=0, inf=0, unit_active=[0.5, 1.0])
+    a, b = construct(TensorStats, **stats), TensorStats.model_construct(**stats)
+    assert a.model_dump_json() == b.model_dump_json() and a.model_fields_set == b.model_fields_set
+    assert a == b and a.std is None
+    rec = dict(collections=["gradients"], dtype="float32", shape=[2, 2], stats=a, stored=False)
+    assert (
+        construct(TensorRecord, **rec).model_dump_json()
+        == TensorRecord.model_construct(**rec).model_dump_json()
+    )
+    scalar = construct(ScalarRecord, value=float("nan"), collections=["losses"])
+    assert (
+        scalar.model_dump_json()
+        == ScalarRecord.model_construct(value=float("nan"), collections=["losses"]).model_dump_json()
+    )
+    first, second = construct(ModeRecord, mode_step=1), construct(ModeRecord, mode_step=2)
+    assert first.scalars is not second.scalars  # mutable defaults are not shared
+    partial = construct(TensorRecord, dtype="float32")  # required fields absent: pydantic's behaviour
+    assert partial.dtype == "float32" and "shape" not in partial.__dict__

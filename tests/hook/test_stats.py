@@ -219,3 +219,31 @@ def test_many_tensors_at_once_match_one_at_a_time():
         if want.nan == 0:
             assert got.mean_abs == pytest.approx(want.mean_abs, rel=1e-5)
             assert got.l2 == pytest.approx(want.l2, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shape", [(64, 300), (8, 5, 40), (6, 7, 3, 9), (3, 4, 2, 2, 5)], ids=["dense", "seq", "conv", "conv3d"]
+)
+def test_scratch_passes_match_numpy_across_chunk_boundaries(monkeypatch, shape):
+    """|x| sums and per-unit counts go through a bounded scratch buffer, in chunks for big
+    tensors: the figures are numpy's whatever the chunking (a chunk smaller than a row or
+    a sample falls back to a boolean mask)."""
+    import trainguard.hook.stats as stats
+
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=shape).astype(np.float32)
+    a.reshape(-1)[::17] = 0.0
+    a.reshape(-1)[5] = np.nan
+    spec = StatSpec(unit_active=True, unit_band=(-0.5, 0.5))
+    expected = numpy_stats(a, spec)
+    for limit in (1 << 20, 64, 37, 5):
+        monkeypatch.setattr(stats, "SCRATCH_ELEMENTS", limit)
+        stats._scratch.__dict__.clear()
+        got = torch_stats(torch.from_numpy(a.copy()), spec).finalize()
+        assert got.unit_active == expected.unit_active, limit
+        assert got.unit_in_band == expected.unit_in_band, limit
+        assert got.nan == 1 and got.zeros == expected.zeros, limit
+        finite = torch_stats(torch.from_numpy(np.nan_to_num(a)), StatSpec()).finalize()
+        assert finite.l1 == pytest.approx(float(np.abs(np.nan_to_num(a)).astype(np.float64).sum()), rel=1e-5)
+        assert finite.zeros == int((np.nan_to_num(a) == 0).sum())
+        assert all(b.numel() <= limit for b in stats._scratch.buffers.values())

@@ -42,6 +42,7 @@ from trainguard.format.documents import (
     SegmentStep,
     TensorRecord,
     TensorStats,
+    construct,
     segment_tensor_key,
 )
 from trainguard.hook.stats import PendingStats
@@ -267,7 +268,7 @@ class SegmentBuilder:
             for name, (value, cols) in buf.scalars.items():
                 number = to_float(value)
                 nonfinite = nonfinite or not math.isfinite(number)
-                scalars[name] = ScalarRecord.model_construct(value=number, collections=cols)
+                scalars[name] = construct(ScalarRecord, value=number, collections=cols)
             tensors: dict[str, TensorRecord] = {}
             order = self.order
             items = (
@@ -288,18 +289,17 @@ class SegmentBuilder:
                     stored = True
                     entry_bytes += len(json.dumps(key)) + 64 + 12 * len(blob.shape)
                     nonfinite = nonfinite or _blob_nonfinite(full)
-                tensors[name] = TensorRecord.model_construct(
+                tensors[name] = construct(
+                    TensorRecord,
                     collections=pending.collections[:32],
                     dtype=pending.dtype,
                     shape=pending.shape,
                     stats=stats,
                     stored=stored,
                 )
-            modes[mode] = ModeRecord.model_construct(
-                mode_step=buf.mode_step, scalars=scalars, tensors=tensors
-            )
-        text = SegmentStep.model_construct(
-            step=record.step, wall_time=record.wall_time, modes=modes
+            modes[mode] = construct(ModeRecord, mode_step=buf.mode_step, scalars=scalars, tensors=tensors)
+        text = construct(
+            SegmentStep, step=record.step, wall_time=record.wall_time, modes=modes
         ).model_dump_json()
         return _Prepared(
             step=record.step,

@@ -14,7 +14,9 @@ fields                passes (CPU)
                       the spread, so that this would cancel, an exact float64
                       ``var_mean`` is paid instead
 ``min``, ``max``      ``amin``/``amax`` (``aminmax`` when both)
-``l1``, ``mean_abs``  ``|x|`` into a scratch buffer, ``sum``
+``l1``, ``mean_abs``  ``|x|`` into a per-thread scratch buffer, ``sum`` (a fresh ``|x|``
+                      tensor would cost 3-4x the read: its pages are faulted in anew
+                      each time); tensors above ``SCRATCH_ELEMENTS`` go in chunks
 ``zeros``             ``sign_`` of that buffer, ``sum`` (3-10x faster on the CPU than
                       ``count_nonzero``, whose kernel is not vectorised)
 ``nan``, ``inf``      free: a finite sum proves there are none; they are counted only
@@ -42,16 +44,27 @@ to report, and NaN would read as "exploding").
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from trainguard.format.documents import MAX_UNITS, MAX_VALUE_COUNTS, MAX_VALUES, Histogram, TensorStats
+from trainguard.format.documents import (
+    MAX_UNITS,
+    MAX_VALUE_COUNTS,
+    MAX_VALUES,
+    Histogram,
+    TensorStats,
+    construct,
+)
 from trainguard.hook.config import STANDARD_STATISTICS, Collection
 
 PERCENTILE_SAMPLE = 1024
+#: largest ``|x|`` scratch buffer per thread and dtype (4 MiB of float32); bigger tensors are
+#: reduced chunk by chunk, so the hook's extra memory is bounded whatever the model's size
+SCRATCH_ELEMENTS = 1 << 20
 #: per-unit fractions are rounded: a 1% threshold needs far less, and it keeps headers small
 UNIT_DECIMALS = 5
 #: the scalar statistics computed by passes over the tensor (``numel`` and ``samples`` are free)
@@ -199,7 +212,7 @@ def empty_stats(fields: Iterable[str] = BASE_FIELDS) -> TensorStats:
     for name in frozenset(fields) | REQUIRED_FIELDS:
         if name in BASE_FIELDS:
             values[name] = 0 if name in ("numel", "zeros", "nan", "inf") else 0.0
-    return TensorStats.model_construct(**values)
+    return construct(TensorStats, **values)
 
 
 def _assemble(
@@ -247,7 +260,7 @@ def _assemble(
     out.update(extra)
     # built without re-validation: every value comes from our own reductions, and the
     # objects are validated by whoever reads them (the trial API, the service)
-    return TensorStats.model_construct(**out)
+    return construct(TensorStats, **out)
 
 
 def _std_from_sums(total: float, sumsq: float, n: int) -> tuple[float, float]:
@@ -419,6 +432,47 @@ def _tolist(value: Any) -> list[Any]:
     return out if isinstance(out, list) else [out]
 
 
+_scratch = threading.local()
+
+
+def _scratch_buffer(like: Any, n: int) -> Any:
+    """A reusable 1-d buffer like ``like`` (dtype, device) of ``n`` (<= SCRATCH_ELEMENTS) elements."""
+    import torch
+
+    buffers: dict[Any, Any] = _scratch.__dict__.setdefault("buffers", {})
+    key = (like.dtype, like.device)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.empty(min(max(n, 4096), SCRATCH_ELEMENTS), dtype=like.dtype, device=like.device)
+        buffers[key] = buf
+    return buf[:n]
+
+
+def _abs_sums(flat: Any, *, nonzero: bool) -> tuple[Any, Any]:
+    """(sum |x|, count of non-zeros or None) of a 1-d CPU float tensor, through the scratch buffer.
+
+    NaN stays NaN in both sums, which is how the caller notices non-finite values.
+    """
+    import torch
+
+    n = int(flat.numel())
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    l1: list[Any] = []
+    counts: list[Any] = []
+    for start in range(0, n, SCRATCH_ELEMENTS):
+        chunk = flat[start : start + SCRATCH_ELEMENTS]
+        buf = _scratch_buffer(flat, int(chunk.numel()))
+        torch.abs(chunk, out=buf)
+        l1.append(buf.sum())
+        if nonzero:
+            counts.append(buf.sign_().sum(dtype=flat.dtype))
+    total = l1[0] if len(l1) == 1 else torch.stack(l1).sum()
+    if not nonzero:
+        return total, None
+    return total, counts[0] if len(counts) == 1 else torch.stack(counts).sum()
+
+
 def torch_stats(tensor: Any, spec: StatSpec = StatSpec(), *, device_path: bool | None = None) -> PendingStats:
     """Reduce a torch tensor on its device, only the passes ``spec`` needs (module docstring).
 
@@ -468,13 +522,13 @@ def _cpu_base(xf: Any, spec: StatSpec, shape: tuple[int, ...], n: int) -> Pendin
         names.append("max")
         parts.append(flat.amax())
     if fields & {"l1", "mean_abs", "zeros"}:
-        magnitude = flat.abs()
+        # sign_ of |x|: 1 for every non-zero (NaN stays NaN: recounted below)
+        l1, nonzero = _abs_sums(flat, nonzero="zeros" in fields)
         names.append("l1")
-        parts.append(magnitude.sum())
-        if "zeros" in fields:
-            # sign_ in place: 1 for every non-zero (NaN stays NaN: recounted below)
+        parts.append(l1)
+        if nonzero is not None:
             names.append("nonzero")
-            parts.append(magnitude.sign_().sum(dtype=flat.dtype))
+            parts.append(nonzero)
     if fields & {"nan", "inf"} and not parts:
         names.append("sum")
         parts.append(flat.sum())
@@ -576,11 +630,24 @@ def _optional(
     if dims is not None:
         unit = next(d for d in range(len(shape)) if d not in dims)
         per_unit = n // shape[unit]
+        fast = on_cpu and per_unit < _EXACT_FLOAT_COUNT and xf.device.type == "cpu"
         if spec.unit_active:
-            pending.unit_active = _unit_fractions(_unit_count(xf > 0, unit), per_unit)
+            active = _unit_count_above(xf, 0.0, unit) if fast else None
+            if active is None:
+                active = _unit_count(xf > 0, unit)
+            pending.unit_active = _unit_fractions(active, per_unit)
         if spec.unit_band:
             lo_b, hi_b = spec.unit_band
-            pending.unit_in_band = _unit_fractions(_unit_count((xf >= lo_b) & (xf <= hi_b), unit), per_unit)
+            in_band = None
+            if fast:
+                # lo <= x <= hi  ==  (x >= lo) minus (x > hi); NaN is in neither
+                at_least = _unit_count_above(xf, lo_b, unit, inclusive=True)
+                above = _unit_count_above(xf, hi_b, unit)
+                if at_least is not None and above is not None:
+                    in_band = at_least - above
+            if in_band is None:
+                in_band = _unit_count((xf >= lo_b) & (xf <= hi_b), unit)
+            pending.unit_in_band = _unit_fractions(in_band, per_unit)
     is_int = not x.is_floating_point()
     if (spec.values or (spec.value_counts and is_int)) and n <= MAX_VALUES:
         pending.values = xf.reshape(-1).double().clone()
@@ -588,6 +655,51 @@ def _optional(
         uniq, cnt = torch.unique(x.reshape(-1), return_counts=True)
         top = torch.topk(cnt, min(MAX_VALUE_COUNTS, int(cnt.numel()))).indices
         pending.value_counts = (uniq[top], cnt[top])
+
+
+#: float32 counts 0/1 exactly up to 2**24: the scratch path's sums stay integers below it
+_EXACT_FLOAT_COUNT = 1 << 24
+
+
+def _unit_count_above(xf: Any, threshold: float, unit: int, *, inclusive: bool = False) -> Any:
+    """Per-unit count of ``x > threshold`` (``>=`` when inclusive) of a CPU float tensor, or None.
+
+    The comparison goes into the per-thread scratch buffer as 0/1 floats, reduced by sums
+    and a BLAS product: no boolean mask is allocated (2-3x faster than ``_unit_count``).
+    Processed in slices of the leading axis; None when one slice exceeds the scratch size.
+    """
+    import torch
+
+    compare = torch.ge if inclusive else torch.gt
+    lead = int(xf.shape[0])
+    if unit == xf.dim() - 1:
+        rows = xf.reshape(-1, xf.shape[-1])
+        per_row = int(rows.shape[1])
+        step = SCRATCH_ELEMENTS // max(per_row, 1)
+        if step == 0:
+            return None
+        total = None
+        for start in range(0, int(rows.shape[0]), step):
+            part = rows[start : start + step]
+            buf = _scratch_buffer(xf, int(part.numel())).view(part.shape)
+            compare(part, threshold, out=buf)
+            counted = torch.ones(1, int(part.shape[0]), dtype=xf.dtype) @ buf
+            total = counted if total is None else total + counted
+        return None if total is None else total.reshape(-1).round().to(torch.int64)
+    # unit == 1: (N, C, rest...)
+    per_sample = int(xf[0].numel()) if lead else 0
+    step = SCRATCH_ELEMENTS // max(per_sample, 1)
+    if step == 0 or lead == 0:
+        return None
+    channels = int(xf.shape[1])
+    total = None
+    for start in range(0, lead, step):
+        part = xf[start : start + step]
+        buf = _scratch_buffer(xf, int(part.numel())).view(part.shape)
+        compare(part, threshold, out=buf)
+        counted = buf.reshape(int(part.shape[0]), channels, -1).sum(2).sum(0)
+        total = counted if total is None else total + counted
+    return None if total is None else total.round().to(torch.int64)
 
 
 def _unit_count(mask: Any, unit: int) -> Any:
@@ -731,7 +843,7 @@ def _cpu_norms(
         want_l2 = ["l2" in specs[i].base for i in idx]  # type: ignore[union-attr]
         parts: list[Any] = []
         for x, l1, l2 in zip(xs, want_l1, want_l2, strict=True):
-            parts.append(x.abs().sum() if l1 or not l2 else x.new_zeros(()))
+            parts.append(_abs_sums(x, nonzero=False)[0] if l1 or not l2 else x.new_zeros(()))
             parts.append(torch.dot(x, x) if l2 else x.new_zeros(()))
         values = torch.stack([p.double() for p in parts]).tolist()
     for k, i in enumerate(idx):
