@@ -78,6 +78,7 @@ from trainguard.hook.config import (
     default_collection,
     is_loss_name,
 )
+from trainguard.hook.cost import CostMeter, HookCost
 from trainguard.hook.reporting import HookReport, announce
 from trainguard.hook.segments import ModeBuffer, PendingTensor, SegmentBuilder, StepRecord
 from trainguard.hook.selection import FeedCheck, StatisticsPlan, TensorChoice, declarations
@@ -137,6 +138,7 @@ def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
             assert isinstance(self, Hook)
             if self._disabled:
                 return default  # type: ignore[no-any-return]
+            timed = self._cost.enter()
             try:
                 return fn(*args, **kwargs)
             except StopTrainingRequested:
@@ -144,6 +146,9 @@ def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
             except Exception as exc:
                 self._disable(exc, where=fn.__name__)
                 return default  # type: ignore[no-any-return]
+            finally:
+                if timed:
+                    self._cost.exit()
 
         return inner
 
@@ -340,6 +345,7 @@ class Hook(SmdebugMethods):
         self._record: StepRecord | None = None
         self._warned: set[str] = set()
         self._disabled = self.dry_run
+        self._cost = CostMeter()
         self._closed = False
         self._report: HookReport | None = None
         self._manifest_sent = False
@@ -404,6 +410,11 @@ class Hook(SmdebugMethods):
     @property
     def mode(self) -> ModeKeys:
         return self._book.mode
+
+    def cost(self) -> HookCost:
+        """The hook's own cost so far, measured in this process (``trainguard.hook.cost``):
+        time the training thread spent inside the hook, CPU time of the hook's threads."""
+        return self._cost.read()
 
     @property
     def upload_stats(self) -> UploadStats:
@@ -690,6 +701,7 @@ class Hook(SmdebugMethods):
         def inner(*args: Any, **kwargs: Any) -> Any:
             if self._disabled:
                 return None
+            timed = self._cost.enter()
             try:
                 return fn(*args, **kwargs)
             except StopTrainingRequested:
@@ -697,6 +709,9 @@ class Hook(SmdebugMethods):
             except Exception as exc:
                 self._disable(exc, where=where)
                 return None
+            finally:
+                if timed:
+                    self._cost.exit()
 
         return inner
 
