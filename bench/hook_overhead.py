@@ -283,10 +283,17 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "step_ms": 1000 * wall / spec["steps"],
         "loop_ms": 1000 * loop / spec["steps"],
         "close_ms": 1000 * (wall - loop),
-        "hook_train_ms": train_ms,
-        "hook_bg_ms": 1000 * (bg1 - bg0) / n,
-        "attributed": attributed,
-        "attributed_flush": attributed_flush,
+        # in-process figures exist only where the hook measures itself (trainguard, the floor)
+        **(
+            {
+                "hook_train_ms": train_ms,
+                "hook_bg_ms": 1000 * (bg1 - bg0) / n,
+                "attributed": attributed,
+                "attributed_flush": attributed_flush,
+            }
+            if isinstance(hook, Floor) or hasattr(hook, "cost")
+            else {}
+        ),
         "cpu_ms": 1000 * used / spec["steps"],
         "peak_mib": peak_rss_mib(),
         "bytes_per_step": written / (spec["steps"] + spec["warmup"]),
@@ -361,8 +368,8 @@ def ratio(
     if not runs or not base:
         return float("nan")
     key = "step_ms" if config in WITH_FLUSH else "loop_ms"
-    return statistics.median(
-        r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False)
+    return float(
+        statistics.median(r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False))
     )
 
 
@@ -374,7 +381,7 @@ def in_process(
     if not runs or config == "none" or "attributed" not in runs[0]:
         return float("nan")
     key = "attributed_flush" if config in WITH_FLUSH else "attributed"
-    return statistics.median(r[key] for r in runs)
+    return float(statistics.median(r[key] for r in runs))
 
 
 def spread(
@@ -396,9 +403,7 @@ def table(
     configs: tuple[str, ...],
     targets: list[str],
 ) -> str:
-    measured_inside = any(
-        "attributed" in runs[0] and runs[0]["attributed"] != 1.0 for runs in results.values()
-    )
+    measured_inside = any("attributed" in runs[0] for runs in results.values())
     head = "| model | configuration | step (ms) | " + " | ".join(f"side by side ({t})" for t in targets)
     if measured_inside:
         head += " | in-process: hook ms/step (thread + background) | " + " | ".join(
@@ -535,6 +540,7 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true", help="write to a folder only")
     parser.add_argument("--smdebug-python", default="/tmp/smdbg/bin/python")
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--raw", help="also write every run's measurements to this JSON file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -568,7 +574,13 @@ def main() -> None:
         "one-off final flush (segment, end marker) of each run. S3 is a local moto server (the S3 "
         "client's CPU is what a real job pays). *floor* rows: the least reading the same tensors "
         "once per step costs (plain PyTorch hooks, nothing kept); `(Nx the floor's overhead)` "
-        "compares the overheads. These are CPU-only runs on 2 cores where PyTorch's own threads "
+        "compares the overheads. `[a-b]`: the lowest and highest per-repetition ratio. "
+        "*in-process*: what the hook measured of itself inside the same run (`Hook.cost()`: time "
+        "the training thread spent in the hook + CPU of the hook's threads, per step; the floor "
+        "times its own hooks) and the ratio that gives, `(step + background) / (step - hook "
+        "time)`: immune to the +-15% process-to-process noise of this VM, blind to indirect costs "
+        "(caches, a preempted PyTorch thread) that only the side-by-side ratio sees. "
+        "These are CPU-only runs on 2 cores where PyTorch's own threads "
         "use both cores: every statistic the hook computes and every byte it encodes competes with "
         "the step itself, which a GPU job does not see.",
         "",
@@ -577,6 +589,7 @@ def main() -> None:
         table(ours, args.models, CONFIGS, targets),
     ]
     smd_python = Path(args.smdebug_python)
+    theirs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     if smd_python.exists() and not args.quick:
         try:
             theirs = measure("smdebug", str(smd_python), SMDEBUG_CONFIGS, ["folder"], args, env)
@@ -600,6 +613,13 @@ def main() -> None:
     ]
     text = "\n".join(report)
     print(text)
+    if args.raw:
+        raw = {"trainguard": ours, "smdebug": theirs}
+        Path(args.raw).write_text(
+            json.dumps(
+                {tool: {"|".join(k): v for k, v in runs.items()} for tool, runs in raw.items()}, indent=1
+            )
+        )
     if not args.no_docs:
         write_section(text)
 

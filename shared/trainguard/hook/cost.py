@@ -67,8 +67,9 @@ class CostMeter:
                     continue
                 try:
                     used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-                except (OSError, ValueError, OverflowError):  # the thread ended meanwhile
-                    continue
+                except (OSError, ValueError, OverflowError):
+                    # the thread ended between enumerate() and the read: keep its last reading
+                    used = self._threads.get(thread.ident, 0.0)
                 self._threads[thread.ident] = used
         with self._lock:
             inside = self._inside_s
