@@ -64,6 +64,8 @@ CONFIGS = (
 STEPS = {"mlp": (300, 80), "cnn": (250, 60), "cnn_large": (15, 3)}
 #: each measured configuration -> the floor row it is compared with
 FLOORS = {"rules_every_step": "floor_rules", "full_stats_every_step": "floor"}
+#: configurations that write nothing: one folder run serves as their S3 figure too
+NO_OUTPUT = ("none", "floor", "floor_rules")
 SMDEBUG_CONFIGS = ("none", "default", "reductions_every_step", "full_every_10")
 LABELS = {
     "none": "no hook",
@@ -338,7 +340,7 @@ def measure(
                 order = list(configs)
                 rng.shuffle(order)
                 for config in order:
-                    if target == "s3" and config in ("none", "floor", "floor_rules"):
+                    if target == "s3" and config in NO_OUTPUT:
                         continue  # nothing is written: the folder run is the same measurement
                     job = f"{model}-{config}-{rep}".replace("_", "-")
                     out = f"s3://bench/jobs/{tool}-{job}" if target == "s3" else f"{tmp}/{job}"
@@ -347,30 +349,44 @@ def measure(
                         "tool": tool,
                         "model": model,
                         "config": config,
-                        "out_dir": "" if config in ("none", "floor", "floor_rules") else out,
+                        "out_dir": "" if config in NO_OUTPUT else out,
                         "steps": args.steps or steps,
                         "warmup": args.warmup or warmup,
                         "quick": args.quick,
                     }
                     results.setdefault((model, target, config), []).append(spawn(python, spec, env))
     for model in args.models:  # the baseline of the S3 runs is the folder baseline
-        for config in ("none", "floor", "floor_rules"):
+        for config in NO_OUTPUT:
             if (model, "folder", config) in results:
                 results[(model, "s3", config)] = results[(model, "folder", config)]
     return results
 
 
-def ratio(
+def per_repetition(
     results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, target: str, config: str
-) -> float:
+) -> list[float]:
+    """Each repetition's side-by-side ratio: the run's mean step over that repetition's baseline."""
     runs = results.get((model, target, config))
     base = results.get((model, target, "none"))
     if not runs or not base:
-        return float("nan")
+        return []
     key = "step_ms" if config in WITH_FLUSH else "loop_ms"
-    return float(
-        statistics.median(r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False))
-    )
+    return [r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False)]
+
+
+def ratio(
+    results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, target: str, config: str
+) -> float:
+    each = per_repetition(results, model, target, config)
+    return float(statistics.median(each)) if each else float("nan")
+
+
+def spread(
+    results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, target: str, config: str
+) -> str:
+    """min-max of the per-repetition ratios: how much process-to-process noise moved them."""
+    each = per_repetition(results, model, target, config)
+    return f" [{min(each):.2f}-{max(each):.2f}]" if config != "none" and len(each) > 1 else ""
 
 
 def in_process(
@@ -382,19 +398,6 @@ def in_process(
         return float("nan")
     key = "attributed_flush" if config in WITH_FLUSH else "attributed"
     return float(statistics.median(r[key] for r in runs))
-
-
-def spread(
-    results: dict[tuple[str, str, str], list[dict[str, Any]]], model: str, target: str, config: str
-) -> str:
-    """min-max of the per-repetition side-by-side ratios: how much process-to-process noise moved them."""
-    runs = results.get((model, target, config))
-    base = results.get((model, target, "none"))
-    if not runs or not base or config == "none" or len(runs) < 2:
-        return ""
-    key = "step_ms" if config in WITH_FLUSH else "loop_ms"
-    each = [r.get(key, r["step_ms"]) / b["step_ms"] for r, b in zip(runs, base, strict=False)]
-    return f" [{min(each):.2f}-{max(each):.2f}]"
 
 
 def table(

@@ -49,33 +49,41 @@ class _Strict(BaseModel):
 
 
 _IMMUTABLE_DEFAULTS = (type(None), bool, int, float, str, tuple, frozenset)
-_construct_defaults: dict[type[BaseModel], dict[str, Any] | None] = {}
+#: per model: (immutable defaults, required fields), or None where ``model_construct`` is needed
+_construct_plans: dict[type[BaseModel], tuple[dict[str, Any], frozenset[str]] | None] = {}
+
+
+def _construct_plan(cls: type[BaseModel]) -> tuple[dict[str, Any], frozenset[str]] | None:
+    if cls.model_config.get("extra") == "allow":
+        return None
+    defaults: dict[str, Any] = {}
+    required: set[str] = set()
+    for name, info in cls.model_fields.items():
+        if info.is_required():
+            required.add(name)
+        elif info.default_factory is None and isinstance(info.default, _IMMUTABLE_DEFAULTS):
+            defaults[name] = info.default
+        else:
+            return None  # a mutable default: each object needs its own copy
+    return defaults, frozenset(required)
 
 
 def construct(cls: type[_M], **values: Any) -> _M:
-    """``cls.model_construct(**values)`` (no validation: the values are the hook's own) at a
-    quarter of its cost, which the writer thread pays for every tensor of every step.
+    """``cls.model_construct(**values)`` (no validation: the values are the hook's own) at
+    about half its cost, which the writer thread pays for every tensor of every step.
 
     Pydantic's ``model_construct`` resolves and deep-copies every default on every call;
-    where a model's defaults are all immutable they are taken once from a per-class cache.
-    Models with a mutable default or a default factory go through ``model_construct``.
+    where a model's defaults are all immutable they are taken once from a per-class plan.
+    Models with a mutable default or a default factory, and calls that lack a required
+    field or name an unknown one, go through ``model_construct``.
     """
-    defaults = _construct_defaults.get(cls, ...)
-    if defaults is ...:
-        defaults = {}
-        for name, info in cls.model_fields.items():
-            if info.default_factory is not None or not isinstance(info.default, _IMMUTABLE_DEFAULTS):
-                if not info.is_required():
-                    defaults = None
-                    break
-                continue
-            defaults[name] = info.default
-        _construct_defaults[cls] = defaults
-    if defaults is None or cls.model_config.get("extra") == "allow":
+    if cls not in _construct_plans:
+        _construct_plans[cls] = _construct_plan(cls)
+    plan = _construct_plans[cls]
+    fields = cls.model_fields
+    if plan is None or not plan[1] <= values.keys() or any(k not in fields for k in values):
         return cls.model_construct(**values)
-    fields = cls.model_fields.keys()
-    if fields - values.keys() - defaults.keys() or values.keys() - fields:
-        return cls.model_construct(**values)  # a required field absent, or an unknown one
+    defaults = plan[0]
     obj = cls.__new__(cls)
     data = {name: values[name] if name in values else defaults[name] for name in fields}  # field order
     object.__setattr__(obj, "__dict__", data)

@@ -136,19 +136,7 @@ def _guarded(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
         def inner(*args: P.args, **kwargs: P.kwargs) -> R:
             self = args[0]
             assert isinstance(self, Hook)
-            if self._disabled:
-                return default  # type: ignore[no-any-return]
-            timed = self._cost.enter()
-            try:
-                return fn(*args, **kwargs)
-            except StopTrainingRequested:
-                raise
-            except Exception as exc:
-                self._disable(exc, where=fn.__name__)
-                return default  # type: ignore[no-any-return]
-            finally:
-                if timed:
-                    self._cost.exit()
+            return self._run_guarded(fn, fn.__name__, default, args, kwargs)  # type: ignore[no-any-return]
 
         return inner
 
@@ -699,21 +687,28 @@ class Hook(SmdebugMethods):
         traceback) instead of reaching the training loop; ``StopTrainingRequested`` passes."""
 
         def inner(*args: Any, **kwargs: Any) -> Any:
-            if self._disabled:
-                return None
-            timed = self._cost.enter()
-            try:
-                return fn(*args, **kwargs)
-            except StopTrainingRequested:
-                raise
-            except Exception as exc:
-                self._disable(exc, where=where)
-                return None
-            finally:
-                if timed:
-                    self._cost.exit()
+            return self._run_guarded(fn, where, None, args, kwargs)
 
         return inner
+
+    def _run_guarded(
+        self, fn: Callable[..., Any], where: str, default: Any, args: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        """Every entry point (public method or integration callback) runs through here: timed
+        for ``cost()`` (outermost call only), and an internal error disables the hook."""
+        if self._disabled:
+            return default
+        timed = self._cost.enter()
+        try:
+            return fn(*args, **kwargs)
+        except StopTrainingRequested:
+            raise
+        except Exception as exc:
+            self._disable(exc, where=where)
+            return default
+        finally:
+            if timed:
+                self._cost.exit()
 
     # ------------------------------------------------------------------ recording (lock held)
     def _enter_user(self, step: Any, mode: Any) -> StepPlan | None:

@@ -61,16 +61,15 @@ class CostMeter:
 
     def read(self) -> HookCost:
         measured = hasattr(time, "pthread_getcpuclockid")
-        if measured:
-            for thread in threading.enumerate():
-                if not thread.name.startswith(THREAD_PREFIX) or thread.ident is None:
-                    continue
-                try:
-                    used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-                except (OSError, ValueError, OverflowError):
-                    # the thread ended between enumerate() and the read: keep its last reading
-                    used = self._threads.get(thread.ident, 0.0)
-                self._threads[thread.ident] = used
         with self._lock:
-            inside = self._inside_s
-        return HookCost(inside, sum(self._threads.values()), measured)
+            if measured:
+                for thread in threading.enumerate():
+                    if not thread.name.startswith(THREAD_PREFIX) or thread.ident is None:
+                        continue
+                    try:
+                        used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                    except (OSError, ValueError, OverflowError):
+                        # the thread ended between enumerate() and the read: keep its last reading
+                        used = self._threads.get(thread.ident, 0.0)
+                    self._threads[thread.ident] = used
+            return HookCost(self._inside_s, sum(self._threads.values()), measured)
