@@ -17,7 +17,7 @@ from trainguard.format.documents import Manifest, dump_document
 from trainguard.format.system import dump_system_batch
 from trainguard.report import build_report, load_job_data
 from trainguard.report.data import JobData
-from trainguard.report.svg import line_plot, robust_range
+from trainguard.report.svg import Series, line_plot, robust_range
 from trainguard.report.text import fill, ordinal
 from trainguard.rules.profiler.max_initialization_time import MaxInitializationTime
 from trainguard.rules.profiler.step_outlier import StepOutlier
@@ -145,6 +145,31 @@ def test_robust_range_clips_only_far_outliers():
     assert flat is not None and flat.above == 1
     svg = line_plot([], title="empty", clip=True)
     assert "no data" in svg
+
+
+def test_a_settling_loss_is_drawn_to_scale_and_only_a_divergence_is_clipped():
+    steps = range(300)
+    settling = [1.4 + 1.48 * math.exp(-s / 5) + 0.02 * math.sin(s) for s in steps]
+    assert max(settling) == pytest.approx(2.88)
+    assert robust_range(settling) is None  # its start (2.88) is data, not off-scale
+    diverged = [*settling, 1.4e5, 3e9, 1e14, 2e19, 5e24, 1e29, 6e33]
+    clip = robust_range(diverged)
+    assert clip is not None and clip.hi == pytest.approx(2.88) and clip.above == 7
+    # a short job whose divergence is most of its finite values: still only those clipped
+    short = robust_range([2.88, 2.81, 2.74, 2.67, 2.6, 1.4e5, 3e9, 1e14, 2e19, 5e24, 1e29, 6e33])
+    assert short is not None and short.hi == 2.88 and short.above == 7
+
+
+def test_the_clip_note_counts_only_what_lies_beyond_the_axis():
+    svg = line_plot(
+        [Series("loss", list(range(307)), [*[1.4 + 1.48 * math.exp(-s / 5) for s in range(300)],
+                                          1.4e5, 3e9, 1e14, 2e19, 5e24, 1e29, 6e33])],
+        clip=True,
+    )  # fmt: skip
+    assert svg.count("<polygon") == 7 and "▲ 7 values above 2.88 not to scale (max 6e33)" in svg
+    # the axis' top tick reaches the one value past the kept range: nothing is off-scale
+    svg = line_plot([Series("x", list(range(11)), [0.0] * 10 + [1.0])], clip=True)
+    assert "<polygon" not in svg and "not to scale" not in svg
 
 
 def test_the_model_rules_say_what_fired_when_and_what_to_do(diverged):
