@@ -317,3 +317,27 @@ def test_update_l2_is_measured_between_saves_of_the_same_mode(tmp_path):
     weight = trainguard.create_trial(tmp_path / "m").tensor("w")
     assert weight.stats(2, mode="TRAIN").update_l2 == pytest.approx(float(np.linalg.norm(w1 - w0)))
     assert weight.stats(1, mode="EVAL").update_l2 is None  # the first EVAL save
+
+
+def test_inplace_relu_keeps_dead_relu_and_poor_weight_initialization_statistics(tmp_path):
+    """One tensor object is both an in-place ReLU's input and its output: each name keeps the
+    statistics its own rule reads, and relu_input is the pre-activation (read before the ReLU)."""
+    rules = [
+        {"RuleConfigurationName": r, "RuleParameters": {"rule_to_invoke": r}}
+        for r in ("DeadRelu", "PoorWeightInitialization")
+    ]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(inplace=True), nn.Linear(16, 3))
+    pre = {}
+
+    def keep(module, args, output):  # returns None: the output stays the model's own
+        pre["x"] = output.detach().clone()
+
+    model[0].register_forward_hook(keep)
+    with trainguard.Hook(tmp_path / "ip", save_config=SaveConfig(save_interval=1), rules=rules) as hook:
+        hook.register_module(model)
+        model(torch.randn(32, 6)).sum().backward()
+    job = JobView(tmp_path / "ip")
+    out, inp = job.stats("1/relu_output", 0), job.stats("1/relu_input", 0)
+    assert out.unit_active is not None and len(out.unit_active) == 16
+    assert inp.std == pytest.approx(float(pre["x"].std(unbiased=False)), rel=1e-5)

@@ -123,7 +123,14 @@ class RuleStates:
 def apply_manifest(state: JobState, manifest: Manifest, now: float) -> Outcome:
     """The job declared itself: create its rules (InProgress, or Error for a bad entry)."""
     if state.info is not None:
-        return Outcome(state)  # a duplicate delivery, or a rewritten manifest: the first one counts
+        # a duplicate delivery, or a rewritten manifest: the first one counts, except for the
+        # structure the hook learnt later (a model's unused parameters, after its first backward)
+        info = state.info.with_structure(manifest)
+        if info is None:
+            return Outcome(state)
+        grown = state.model_copy(deep=True)
+        grown.info = info
+        return Outcome(grown, changed=True)
     new = state.model_copy(deep=True)
     new.info = JobInfo.from_manifest(manifest)
     new.created = manifest.created
@@ -446,7 +453,7 @@ def advance(
         if contributed:
             new.last_activity = now
             new.steps_evaluated += 1
-            data = StepData.from_headers(contributed)
+            data = StepData.from_headers(contributed, new.info.structure)
             new.last_data_time = max(new.last_data_time or 0.0, data.wall_time)
             if last_metric is None or not last_metric <= data.wall_time < last_metric + METRIC_INTERVAL_S:
                 out.scalars.append((data.step, data.wall_time, scalar_means(data)))

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
-from trainguard.format.documents import Manifest, Mode, SegmentHeader, StepHeader
+from trainguard.format.documents import MAX_STRUCTURE_TENSORS, Manifest, Mode, SegmentHeader, StepHeader
 from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
@@ -57,6 +57,8 @@ class JobInfo(BaseModel):
     rules: list[dict[str, Any]] | None = None
     sagemaker_training_job_name: str | None = None
     allow_sagemaker_stop: bool = False
+    #: the manifest's structure: parameter name -> kind (``ModelStructure``)
+    structure: dict[str, str] = Field(default_factory=dict)
 
     @staticmethod
     def from_manifest(manifest: Manifest) -> JobInfo:
@@ -65,7 +67,23 @@ class JobInfo(BaseModel):
             rules=manifest.rules,
             sagemaker_training_job_name=manifest.sagemaker_training_job_name,
             allow_sagemaker_stop=manifest.allow_sagemaker_stop,
+            structure=dict(manifest.structure.tensors) if manifest.structure is not None else {},
         )
+
+    def with_structure(self, manifest: Manifest) -> JobInfo | None:
+        """This info with a rewritten manifest's new structure entries (None: nothing new).
+
+        Entries are only added, first kind kept, so the order the rewrites are read in does
+        not matter; the bound is the manifest's.
+        """
+        if manifest.structure is None:
+            return None
+        merged = dict(self.structure)
+        for name, kind in manifest.structure.tensors.items():
+            if len(merged) >= MAX_STRUCTURE_TENSORS:
+                break
+            merged.setdefault(name, kind)
+        return None if merged == self.structure else self.model_copy(update={"structure": merged})
 
 
 class JobState(BaseModel):

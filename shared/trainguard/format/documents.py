@@ -21,6 +21,7 @@ SEGMENT_FORMAT = "trainguard.segment/2"
 MANIFEST_FORMAT = "trainguard.manifest/1"
 END_FORMAT = "trainguard.end/1"
 STOP_FORMAT = "trainguard.stop/1"
+STRUCTURE_FORMAT = "trainguard.structure/1"
 
 MAX_DOCUMENT_BYTES = 1024 * 1024  # manifests, end markers and stop signals are tiny
 MAX_UNITS = 65_536
@@ -285,6 +286,33 @@ class ManifestCollection(_Strict):
     save_full: bool = False
 
 
+#: structure kinds (``ModelStructure.tensors`` values); a reader ignores a kind it does not know
+#: a conv/linear bias whose output feeds only a normalisation that subtracts it (BatchNorm):
+#: its gradient is zero by construction
+NORM_FED_BIAS = "norm_fed_bias"
+#: an attention key projection's bias: softmax ignores a constant added to every logit
+ATTENTION_KEY_BIAS = "attention_key_bias"
+#: a fused q/k/v bias (``nn.MultiheadAttention.in_proj_bias``) whose key third is such a bias
+ATTENTION_KEY_BIAS_SLICE = "attention_key_bias_slice"
+#: ``requires_grad`` False when the model was traced
+FROZEN = "frozen"
+#: trainable, but the first backward the hook recorded gave it no gradient (unused)
+NO_GRADIENT = "no_gradient"
+#: entries a manifest's structure holds (the service keeps them in the job's state item)
+MAX_STRUCTURE_TENSORS = 1024
+
+
+class ModelStructure(_Strict):
+    """What the hook knows about the registered model: parameters that are zero or constant
+    by construction, frozen or unused. Keys are parameter names as saved (``Net_conv1.bias``);
+    their gradients (``gradient/<name>``) share the entry. ``omitted`` counts entries left out
+    at the bound."""
+
+    format: Literal["trainguard.structure/1"] = "trainguard.structure/1"
+    tensors: dict[Name, ShortText] = Field(default_factory=dict, max_length=MAX_STRUCTURE_TENSORS)
+    omitted: Count = 0
+
+
 class Manifest(_Strict):
     format: Literal["trainguard.manifest/1"] = "trainguard.manifest/1"
     job: JobName
@@ -308,6 +336,9 @@ class Manifest(_Strict):
     #: job names, or patterns where ``*`` matches any characters (``candidate-*``). A job
     #: naming this one in its own rules is not enough: this job must allow it.
     allow_comparison_from: list[JobPattern] = Field(default_factory=list, max_length=64)
+    #: the model's structure (None: the hook knows none, or an older hook); a manifest
+    #: rewritten with more entries adds them (the first manifest counts for everything else)
+    structure: ModelStructure | None = None
 
 
 class EndMarker(_Strict):

@@ -760,19 +760,21 @@ class Hook(SmdebugMethods):
     def _record_batch(
         self, plan: StepPlan, batch: list[tuple[str, Any, list[Collection], TensorChoice, bool]]
     ) -> int:
-        torch_items = [b for b in batch if is_torch(b[1])]
+        torch_items = [i for i, b in enumerate(batch) if is_torch(b[1])]
         if len(torch_items) > 1:
             pending = torch_stats_many(
-                [b[1] for b in torch_items],
-                [None if b[3].spec.is_empty() else b[3].spec for b in torch_items],
+                [batch[i][1] for i in torch_items],
+                [None if batch[i][3].spec.is_empty() else batch[i][3].spec for i in torch_items],
             )
-            pre = {id(b[1]): p for b, p in zip(torch_items, pending, strict=True)}
+            # by position, not id(value): one tensor may be recorded under two names with
+            # different statistics (an in-place ReLU's output is also its input object)
+            pre = dict(zip(torch_items, pending, strict=True))
         else:
             pre = {}
         done = 0
-        for name, value, cols, choice, full in batch:
+        for index, (name, value, cols, choice, full) in enumerate(batch):
             if self._record_tensor(
-                plan, name, value, cols, choice, full=full, due_full=full, stats=pre.get(id(value))
+                plan, name, value, cols, choice, full=full, due_full=full, stats=pre.get(index)
             ):
                 done += 1
         return done

@@ -20,6 +20,8 @@ It uses only the hook's public recording interface (``plan``, ``record_tensors``
 * **Activations**: forward hooks on ``nn.ReLU``/``nn.ReLU6`` (``relu_output``,
   ``relu_input``), ``nn.Tanh`` (``tanh_input``) and ``nn.Sigmoid`` (``sigmoid_input``).
   Functional calls (``F.relu``) cannot be seen; use modules for the layers you want checked.
+  An in-place ReLU (``nn.ReLU(inplace=True)``) overwrites its input, so its ``relu_input``
+  is read by a forward pre-hook, before it runs.
   A module called several times in one forward gets ``_1``, ``_2``... suffixes.
 * **Module inputs/outputs** (smdebug's ``<module>_input_<i>``/``<module>_output_<i>``) for
   modules a collection asks for: ``include_regex`` matching those names, ``save_all``,
@@ -252,6 +254,13 @@ class TorchIntegration:
             if kind_due or io_due:
                 fn = self._make_module_hook(m)
                 self._dynamic.append(m.module.register_forward_hook(hook.guard(fn, f"a hook on {m.qual}")))
+            if m.kind == "relu" and _inplace(m.module) and K.RELU_INPUT in due:
+                # an in-place ReLU overwrites its input: read it before the forward runs (the
+                # reductions are queued on the same stream ahead of the ReLU)
+                pre = self._make_inplace_input_hook(m)
+                self._dynamic.append(
+                    m.module.register_forward_pre_hook(hook.guard(pre, f"a hook on {m.qual}"))
+                )
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
         plan = self._plan
@@ -309,10 +318,9 @@ class TorchIntegration:
             first_in = args[0] if args else None
             items: list[tuple[str, Any, Sequence[str]]] = []
             if m.kind == "relu":
-                items += [
-                    (f"{m.qual}/relu_output{suffix}", output, (K.RELU_OUTPUT,)),
-                    (f"{m.qual}/relu_input{suffix}", first_in, (K.RELU_INPUT,)),
-                ]
+                items.append((f"{m.qual}/relu_output{suffix}", output, (K.RELU_OUTPUT,)))
+                if not _inplace(module):  # an in-place ReLU's input was read before it ran
+                    items.append((f"{m.qual}/relu_input{suffix}", first_in, (K.RELU_INPUT,)))
             elif m.kind == "tanh":
                 items.append((f"{m.qual}/tanh_input{suffix}", first_in, (K.TANH_INPUT,)))
             elif m.kind == "sigmoid":
@@ -330,6 +338,17 @@ class TorchIntegration:
 
         on_forward.__name__ = f"hook on {m.qual}"
         return on_forward
+
+    def _make_inplace_input_hook(self, m: _Module) -> Callable[..., None]:
+        def before_forward(module: Any, inputs: Any) -> None:
+            count = self._calls.get(m.qual, 0)  # the forward hook counts the call
+            suffix = f"_{count}" if count else ""
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+            if args and isinstance(args[0], self.torch.Tensor):
+                self.hook.record_tensors([(f"{m.qual}/relu_input{suffix}", args[0], (K.RELU_INPUT,))])
+
+        before_forward.__name__ = f"pre-hook on {m.qual}"
+        return before_forward
 
     def _make_loss_hook(self, name: str) -> Callable[..., None]:
         hook = self.hook
@@ -358,6 +377,10 @@ class TorchIntegration:
 
         on_loss.__name__ = "loss hook"
         return on_loss
+
+
+def _inplace(module: Any) -> bool:
+    return bool(getattr(module, "inplace", False))
 
 
 def _can_queue_callback(torch: Any) -> bool:

@@ -10,6 +10,7 @@ from trainguard.rules._common import (
     select,
     tensor_input,
 )
+from trainguard.rules._structure import BY_CONSTRUCTION, structural, structural_reason
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: trainguard's selection when neither collection_names nor tensor_regex is given: the
@@ -27,6 +28,8 @@ class AllZeroConfig(RuleConfig):
 class AllZeroState(RuleState):
     tensors_checked: int = 0
     tensors_seen: int = 0
+    #: of those, zero or constant by the model's construction: not judged
+    structural: int = 0
 
 
 class AllZero(Rule[AllZeroConfig, AllZeroState]):
@@ -43,6 +46,11 @@ class AllZero(Rule[AllZeroConfig, AllZeroState]):
     weights, biases and gradients still fired on 13 of 54 clean runs of the accuracy
     benchmark's dev split (zero-initialised biases), weights alone on 0 with the same
     recall (docs/accuracy.md).
+
+    Tensors zero or constant by the model's construction (the manifest's structure: an
+    attention key bias initialised to zero never moves, a bias feeding BatchNorm;
+    ``trainguard.rules._structure``) are not judged. Frozen weights are: a frozen all-zero
+    weight is a bad checkpoint load, not structure.
     """
 
     name = "AllZero"
@@ -66,12 +74,10 @@ class AllZero(Rule[AllZeroConfig, AllZeroState]):
         )
 
     def coverage(self, state: AllZeroState) -> Coverage:
-        return self.covered(
-            state.tensors_checked,
-            "tensors",
-            received=[state.tensors_seen],
-            reason=missing_statistic(state.tensors_seen, "tensors", "numel", "zeros"),
-        )
+        reason = missing_statistic(state.tensors_seen, "tensors", "numel", "zeros")
+        if state.structural and state.structural == state.tensors_seen:
+            reason = structural_reason(state.structural, "tensors")
+        return self.covered(state.tensors_checked, "tensors", received=[state.tensors_seen], reason=reason)
 
     def update(self, state: AllZeroState, step: StepData) -> tuple[AllZeroState, list[Finding]]:
         cfg = self.config
@@ -79,6 +85,9 @@ class AllZero(Rule[AllZeroConfig, AllZeroState]):
             step, cfg.collection_names, cfg.tensor_regex, default_collections=DEFAULT_COLLECTIONS
         ):
             state.tensors_seen += 1
+            if structural(step.structure, view.name, BY_CONSTRUCTION):
+                state.structural += 1
+                continue
             if not stats.numel or stats.zeros is None:
                 continue  # empty, or not computed
             state.tensors_checked += 1

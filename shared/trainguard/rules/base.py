@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -264,16 +264,19 @@ class StepData:
     step: int
     workers: tuple[StepHeader, ...]
     wall_time: float = field(default=0.0)
+    #: the job's model structure from its manifest: parameter name -> kind (see
+    #: ``trainguard.format.documents.ModelStructure`` and ``trainguard.rules._structure``)
+    structure: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def from_headers(headers: Sequence[StepHeader]) -> StepData:
+    def from_headers(headers: Sequence[StepHeader], structure: Mapping[str, str] | None = None) -> StepData:
         ordered = tuple(sorted(headers, key=lambda h: h.worker))
         if not ordered:
             raise ValueError("a step needs at least one worker's header")
         steps = {h.step for h in ordered}
         if len(steps) != 1:
             raise ValueError(f"headers from different steps: {sorted(steps)}")
-        return StepData(ordered[0].step, ordered, max(h.wall_time for h in ordered))
+        return StepData(ordered[0].step, ordered, max(h.wall_time for h in ordered), structure or {})
 
     def modes(self) -> list[Mode]:
         present = {m for h in self.workers for m in h.modes}

@@ -71,6 +71,16 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
             "Neither given = weights, biases and gradients (every tensor fired on inputs that repeat).",
         ),
     },
+    "WeightUpdateRatio": {
+        "large_threshold": (
+            "10",
+            "None (and small_threshold None) = each tensor's ratio against its own running level: "
+            "10x above or 100x below it for 2 saves in a row (a 30x learning-rate blow-up gave "
+            "ratios of 3-7, a 1e6-fold collapse 8.8e-7: both inside SageMaker's bounds). Either "
+            "given = SageMaker's check, the other at its SageMaker default.",
+        ),
+        "small_threshold": ("1e-8", "See large_threshold."),
+    },
     "TensorVariance": {
         "max_threshold": (
             "None",

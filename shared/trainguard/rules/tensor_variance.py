@@ -13,6 +13,7 @@ from trainguard.rules._common import (
     select,
     tensor_input,
 )
+from trainguard.rules._structure import BY_CONSTRUCTION, structural, structural_reason
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: trainguard's defaults when neither threshold is given (SageMaker has none: both None)
@@ -54,6 +55,8 @@ class TensorVarianceConfig(RuleConfig):
 class TensorVarianceState(RuleState):
     tensors_checked: int = 0
     tensors_seen: int = 0
+    #: of those, constant by the model's construction: not judged
+    structural: int = 0
 
 
 class TensorVariance(Rule[TensorVarianceConfig, TensorVarianceState]):
@@ -70,6 +73,10 @@ class TensorVariance(Rule[TensorVarianceConfig, TensorVarianceState]):
     catch a zero or a far too large initialisation with no alert on 10 held-out clean runs
     (issue 10). Limit: PyTorch's default initialisation gives variance 1/(3·fan_in), below 1e-5
     from a fan-in of ~33,000; set ``min_threshold`` for models that wide.
+
+    Tensors constant by the model's construction (the manifest's structure: a bias feeding
+    BatchNorm, an attention key bias; ``trainguard.rules._structure``) are not judged, even
+    when selected; frozen weights are (a collapsed frozen weight is a bad load).
     """
 
     name = "TensorVariance"
@@ -93,11 +100,11 @@ class TensorVariance(Rule[TensorVarianceConfig, TensorVarianceState]):
         )
 
     def coverage(self, state: TensorVarianceState) -> Coverage:
+        reason = missing_statistic(state.tensors_seen, "tensors", "numel", "std")
+        if state.structural and state.structural == state.tensors_seen:
+            reason = structural_reason(state.structural, "tensors")
         return self.covered(
-            state.tensors_checked,
-            "tensor variances",
-            received=[state.tensors_seen],
-            reason=missing_statistic(state.tensors_seen, "tensors", "numel", "std"),
+            state.tensors_checked, "tensor variances", received=[state.tensors_seen], reason=reason
         )
 
     def update(self, state: TensorVarianceState, step: StepData) -> tuple[TensorVarianceState, list[Finding]]:
@@ -107,6 +114,9 @@ class TensorVariance(Rule[TensorVarianceConfig, TensorVarianceState]):
             step, cfg.collection_names, cfg.tensor_regex, default_collections=DEFAULT_COLLECTIONS
         ):
             state.tensors_seen += 1
+            if structural(step.structure, view.name, BY_CONSTRUCTION):
+                state.structural += 1
+                continue
             if cfg.defaulted and len(view.record.shape) < 2:
                 continue  # biases and normalisation scales are not judged by default
             if stats.numel is None or stats.numel < 2 or stats.std is None or not finite(stats.std):

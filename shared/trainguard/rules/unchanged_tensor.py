@@ -17,6 +17,7 @@ from trainguard.rules._common import (
     select,
     tensor_input,
 )
+from trainguard.rules._structure import NOT_CHANGING, structural, structural_reason
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 #: the statistics that stand for a tensor's value
@@ -71,6 +72,8 @@ class UnchangedTensorState(RuleState):
     #: comparisons with a streak's anchor, and selected tensors received
     comparisons: int = 0
     tensors_seen: int = 0
+    #: of those, constant, frozen or unused by the model's construction: not judged
+    structural: int = 0
 
 
 class UnchangedTensor(Rule[UnchangedTensorConfig, UnchangedTensorState]):
@@ -89,7 +92,10 @@ class UnchangedTensor(Rule[UnchangedTensorConfig, UnchangedTensorState]):
     within rtol per step does not accumulate into "unchanged"). Two different tensors with the
     same fingerprint would count as unchanged, which in practice means a permutation of the
     same values. Choices: EVAL/PREDICT steps are ignored (weights do not change there by
-    design); the state tracks at most ``MAX_TRACKED`` tensors.
+    design); the state tracks at most ``MAX_TRACKED`` tensors. Parameters (and their gradients)
+    that do not change by the model's construction or the user's design are not judged (the
+    manifest's structure: a bias feeding BatchNorm, an attention key bias, frozen or unused
+    parameters, ``trainguard.rules._structure``); an explicit selection of them included.
     """
 
     name = "UnchangedTensor"
@@ -115,7 +121,9 @@ class UnchangedTensor(Rule[UnchangedTensorConfig, UnchangedTensorState]):
 
     def coverage(self, state: UnchangedTensorState) -> Coverage:
         reason = missing_statistic(state.tensors_seen, "tensors", *FINGERPRINT)
-        if state.tensors_seen and not reason:
+        if state.structural and state.structural == state.tensors_seen:
+            reason = structural_reason(state.structural, "tensors")
+        elif state.tensors_seen and not reason:
             reason = f"{state.tensors_seen:,} tensors arrived but no tensor was saved twice"
         return self.covered(
             state.comparisons,
@@ -135,6 +143,9 @@ class UnchangedTensor(Rule[UnchangedTensorConfig, UnchangedTensorState]):
                 step, cfg.collection_names, cfg.tensor_regex, mode, default_collections=PARAMETER_COLLECTIONS
             ):
                 state.tensors_seen += 1
+                if structural(step.structure, view.name, NOT_CHANGING):
+                    state.structural += 1
+                    continue
                 key = f"{view.worker}:{view.mode}:{view.name}"
                 fp = fingerprint(stats)
                 if fp is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainguard.rules._common import NonNegative, finite, missing_statistic
+from trainguard.rules._structure import BY_CONSTRUCTION, structural, structural_reason
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
 
 
@@ -15,6 +16,8 @@ class VanishingGradientState(RuleState):
     tensors_checked: int = 0
     #: gradient tensors received (with or without the statistic)
     tensors_seen: int = 0
+    #: of those, zero by the model's construction (the manifest's structure): not judged
+    structural: int = 0
 
 
 class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
@@ -23,7 +26,10 @@ class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
     Reads the ``mean_abs`` statistic of every tensor in the ``gradients`` collection, in every
     mode. Choices: empty tensors and tensors without statistics are skipped; a NaN or
     infinite ``mean_abs`` is ExplodingTensor's business and does not fire here; an all-zero
-    gradient (mean_abs 0) fires, as in SageMaker.
+    gradient (mean_abs 0) fires, as in SageMaker. Gradients that are zero by the model's
+    construction (the manifest's structure: a bias feeding BatchNorm, an attention key bias,
+    ``trainguard.rules._structure``) are not judged: they fired at step 0 on every healthy
+    network with such a layer (issue 17).
     """
 
     name = "VanishingGradient"
@@ -40,11 +46,11 @@ class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
         return (RuleInput("gradients", collections=("gradients",), statistics=("numel", "mean_abs")),)
 
     def coverage(self, state: VanishingGradientState) -> Coverage:
+        reason = missing_statistic(state.tensors_seen, "gradient tensors", "mean_abs")
+        if state.structural and state.structural == state.tensors_seen:
+            reason = structural_reason(state.structural, "gradient tensors")
         return self.covered(
-            state.tensors_checked,
-            "gradient tensors",
-            received=[state.tensors_seen],
-            reason=missing_statistic(state.tensors_seen, "gradient tensors", "mean_abs"),
+            state.tensors_checked, "gradient tensors", received=[state.tensors_seen], reason=reason
         )
 
     def update(
@@ -53,6 +59,9 @@ class VanishingGradient(Rule[VanishingGradientConfig, VanishingGradientState]):
         threshold = self.config.threshold
         for view in step.tensors(collections=["gradients"]):
             state.tensors_seen += 1
+            if structural(step.structure, view.name, BY_CONSTRUCTION):
+                state.structural += 1
+                continue
             stats = view.stats
             if stats is None or not stats.numel or stats.mean_abs is None or not finite(stats.mean_abs):
                 continue
