@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         default="exploding",
         help="fault injected in the first job (exploding, dead-relu, flat-loss)",
     )
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=120, help="training steps of each demo job (default: 120)")
     p.add_argument("--quiet", action="store_true", help="only the summary")
     _local_flags(p)
 
@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rules", help=RULES_HELP + " (default: the job's own)")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per rule")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar while the objects are read (stderr)"
+    )
     p.add_argument("--runs", type=Path, default=results.DEFAULT_RUNS, help="where local runs are kept")
     _rule_module_flag(p)
 
@@ -129,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--region", help="AWS region of the table or stack (default: AWS_DEFAULT_REGION)")
     p.add_argument("--runs", type=Path, default=results.DEFAULT_RUNS, help="where local runs are kept")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per job")
 
     p = sub.add_parser("rules", parents=[common], help="every rule with its parameters and defaults")
     _rule_module_flag(p)
@@ -196,8 +198,10 @@ def _local(args: argparse.Namespace) -> int:
     if args.rules:
         from trainguard.rules.config import DEFAULT_RULES_ENV
 
+        entries = _load_rules(args.rules)
+        _check_rules(args.rules, entries)  # before the run: a wrong file is not found at its end
         # the local stack's defaultRules: what the deployed stack's functions read
-        os.environ[DEFAULT_RULES_ENV] = json.dumps(_load_rules(args.rules), separators=(",", ":"))
+        os.environ[DEFAULT_RULES_ENV] = json.dumps(entries, separators=(",", ":"))
     return run_local(cmd, job=args.job, actions=actions, runs=args.runs, verbose=args.verbose)
 
 
@@ -232,13 +236,27 @@ def _load_rules(path: str) -> list[dict[str, Any]]:
     try:
         return load_rules_file(path).entries()
     except (RulesFormatError, OSError) as exc:
-        raise CommandError(f"--rules {path}: {exc}") from None
+        text = str(exc).removeprefix(f"{path}: ")  # the file is named once
+        raise CommandError(f"--rules {path}: {text}") from None
+
+
+def _check_rules(path: str, entries: list[dict[str, Any]]) -> None:
+    """Every entry names a known rule with valid parameters (custom rule modules loaded first)."""
+    from trainguard.rules.config import parse_rule_configurations
+
+    _use_rule_modules([])
+    bad = [f"{c.configuration_name}: {c.error}" for c in parse_rule_configurations(entries) if c.error]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CommandError(f"--rules {path}: {bad[0]}{more}")
 
 
 def _replay(args: argparse.Namespace) -> int:
     from trainguard.engine.replay import replay
 
     path = _job_path(args.path, args.runs, "replay")
+    if path.startswith("s3://"):
+        _check_s3_job(path)
     _use_rule_modules(args.rule_module)
     source = _open_source(path)
     rules: Any = None
@@ -316,7 +334,51 @@ def _job_path(path: str | None, runs: Path, command: str) -> str:
         )
     if not folder.is_dir():
         raise CommandError(f"{path}: is a file, not a job folder")
+    _check_job_folder(path, folder)
     return path
+
+
+#: what only a job folder holds (a report/ or control/ alone is not a job)
+_JOB_KINDS = frozenset({"manifest", "step", "segment", "end", "system"})
+_NOT_A_JOB = (
+    "not a trainguard job folder (no manifest.json, and no objects under steps/, segments/, "
+    "system/ or end/); give the hook's out_dir or s3://bucket/prefix/<job>"
+)
+
+
+def _check_job_folder(path: str, folder: Path) -> None:
+    """A folder a command reads must be a job: nothing is evaluated, or written, in another."""
+    from trainguard.format.layout import LayoutError, parse_relative, validate_job_name
+
+    has_manifest = (folder / "manifest.json").is_file()
+    if not has_manifest and not any(
+        _job_object(folder, sub, parse_relative, LayoutError)
+        for sub in ("steps", "segments", "end", "system")
+    ):
+        raise CommandError(f"{path}: {_NOT_A_JOB}")
+    name = folder.resolve().name
+    if not has_manifest:
+        try:
+            validate_job_name(name)
+        except LayoutError:
+            raise CommandError(
+                f"{path}: no manifest.json to name the job, and the folder name {name!r} is not a job "
+                "name (letters, digits, '-', '_', '.'); rename the folder to the job's name"
+            ) from None
+
+
+def _job_object(folder: Path, sub: str, parse: Any, error: type[Exception]) -> bool:
+    where = folder / sub
+    if not where.is_dir():
+        return False
+    for item in where.rglob("*"):
+        if item.is_file():
+            try:
+                if parse("job", item.relative_to(folder).as_posix()).kind.value in _JOB_KINDS:
+                    return True
+            except error:
+                continue
+    return False
 
 
 def _known_jobs_hint(runs: Path) -> str:
@@ -515,19 +577,85 @@ def _report(args: argparse.Namespace) -> int:
     path = _job_path(args.path, args.runs, "report")
     if path.startswith("s3://"):
         _check_s3_job(path)
-    out = generate_report(path, args.out)
+    if args.out is not None:
+        _check_out(args.out)
+    try:
+        out = generate_report(path, args.out)
+    except OSError as exc:
+        if args.out is None or not _about(exc, args.out):
+            raise
+        raise CommandError(f"--out {args.out}: {_out_problem(args.out, exc)}") from None
     print(out)
     return 0
 
 
+def _check_out(out: str) -> None:
+    """Say why ``--out`` cannot be written before the report is built (nothing half-written)."""
+    target = Path(out)
+    if target.is_dir():
+        raise CommandError(f"--out {out}: is a folder; name the file (--out {out.rstrip('/')}/report.html)")
+    existing = _existing_parent(target)
+    if not existing.is_dir():
+        raise CommandError(f"--out {out}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK):
+        raise CommandError(f"--out {out}: {existing}: permission denied (cannot create files there)")
+
+
+def _existing_parent(target: Path) -> Path:
+    parent = target.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def _about(exc: OSError, out: str) -> bool:
+    """Whether an OSError was raised writing ``out`` (or making its folders), not reading the job."""
+    if exc.filename is None:
+        return False
+    named = Path(os.fsdecode(exc.filename)).absolute()
+    target = Path(out).absolute()
+    return named == target or named in target.parents
+
+
+def _out_problem(out: str, exc: OSError) -> str:
+    """The true reason a file cannot be written, from the place it failed."""
+    import errno
+
+    existing = _existing_parent(Path(out))
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{existing}: permission denied (cannot create files there)"
+    if exc.errno == errno.EROFS:
+        return f"{existing} is on a read-only file system"
+    if exc.errno == errno.EISDIR:
+        return "is a folder; name the file"
+    if exc.errno == errno.ENOENT:  # the folder exists, yet creating in it said "no such file"
+        return f"{existing} does not allow creating files (a virtual or read-only file system)"
+    return f"cannot be written: {exc.strerror or exc}"
+
+
 def _check_s3_job(url: str) -> None:
-    """An S3 job folder must hold objects (a report of nothing would be written, and look fine)."""
+    """An S3 job folder must hold a job's objects (a report of nothing would look fine)."""
+    from trainguard.format.layout import LayoutError, parse_relative
     from trainguard.hook.storage import S3Store
 
     store = S3Store(url, client=_client("s3"))
-    response = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{store.prefix}/", MaxKeys=1)
-    if not response.get("KeyCount") and not response.get("Contents"):
+    prefix = f"{store.prefix}/"
+    # one page: a job's manifest, end/, segments/ and steps/ sort before most else
+    response = store.client.list_objects_v2(Bucket=store.bucket, Prefix=prefix, MaxKeys=1000)
+    keys = [o["Key"][len(prefix) :] for o in response.get("Contents", [])]
+    if not keys:
         raise CommandError(f"{url}: no objects there; check the job name and the prefix")
+    for key in keys:
+        try:
+            if parse_relative("job", key).kind.value in _JOB_KINDS:
+                return
+        except LayoutError:
+            continue
+    if response.get("IsTruncated"):
+        return  # more than a page of other objects: replay reads on and says what it found
+    raise CommandError(f"{url}: {_NOT_A_JOB}")
 
 
 if __name__ == "__main__":  # pragma: no cover

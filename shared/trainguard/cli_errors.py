@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainguard.text import validation_text
+
 EXIT_USAGE = 2
 EXIT_BUG = 1
 EXIT_INTERRUPTED = 130
@@ -50,6 +52,8 @@ def _explain_one(exc: BaseException) -> str | None:
     aws = _explain_botocore(exc)
     if aws is not None:
         return aws
+    if _is_validation_error(exc):  # a document read from a job or a file: its fields, no URLs
+        return f"{getattr(exc, 'title', 'document')} is not valid: {validation_text(exc)}"
     if isinstance(exc, json.JSONDecodeError):
         return f"not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
     if isinstance(exc, FileNotFoundError):
@@ -71,6 +75,14 @@ def _explain_one(exc: BaseException) -> str | None:
     if isinstance(exc, StoreError) and exc.__cause__ is None:
         return str(exc)
     return None
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover - pydantic is a dependency of the package
+        return False
+    return isinstance(exc, ValidationError)
 
 
 def _explain_botocore(exc: BaseException) -> str | None:

@@ -65,3 +65,41 @@ def clip_utf8(text: str, max_bytes: int) -> str:
     if len(raw) <= max_bytes:
         return text
     return raw[:max_bytes].decode("utf-8", "ignore")
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text``, or as much of it as fits in ``limit`` characters, cut at a word and ending "…".
+
+    A cut mid-word ("num_steps=50 traini") reads as a typo; a word longer than half the
+    limit is cut inside (a path, a tensor name), still with the ellipsis.
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[: max(1, limit - 1)]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:(") + "…"
+
+
+def validation_text(exc: BaseException, most: int = 4) -> str:
+    """A pydantic ``ValidationError`` as one line a person reads: ``job: Field required; ...``.
+
+    pydantic's own text spreads over lines and ends each error with a documentation URL.
+    Another exception: its text.
+    """
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    try:
+        items = errors(include_url=False)
+    except TypeError:  # not pydantic's errors()
+        return str(exc)
+    parts = []
+    for item in items[:most]:
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    if len(items) > most:
+        parts.append(f"and {len(items) - most} more")
+    return "; ".join(parts) or str(exc)

@@ -3,6 +3,7 @@ exit code 2, a traceback only with ``--debug``, nothing created by a failed comm
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -183,4 +184,146 @@ def test_s3_jobs_that_are_not_there(capsys):
         assert "the bucket tg-missing does not exist" in one_error_line(capsys, "replay")
         assert main(["replay", "s3://tg-empty", "--no-progress"]) == EXIT_USAGE
         assert "name the job folder" in one_error_line(capsys, "replay")
+    clients.reset()
+
+
+@pytest.mark.parametrize("command", ["replay", "report"])
+@pytest.mark.parametrize("contents", ["empty", "foreign", "report only", "bad name"])
+def test_a_folder_that_is_not_a_job_is_one_line_and_nothing_is_written(tmp_path, capsys, command, contents):
+    folder = tmp_path / ("my files" if contents == "bad name" else "notajob")
+    folder.mkdir()
+    if contents in ("foreign", "bad name"):
+        (folder / "notes.txt").write_text("hello")
+        (folder / "data.json").write_text('{"x": 1}')
+        (folder / "steps").mkdir()
+        (folder / "steps" / "readme.md").write_text("not a step object")
+    if contents == "report only":
+        (folder / "report").mkdir()
+        (folder / "report" / "profiler-report.html").write_text("<html></html>")
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    assert main([command, str(folder)]) == EXIT_USAGE
+    line = one_error_line(capsys, command)
+    assert "not a trainguard job folder" in line and "pydantic" not in line and "http" not in line
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+
+def test_a_job_without_manifest_in_a_folder_not_named_like_a_job(tmp_path, capsys):
+    folder = tmp_path / "my files"
+    (folder / "end").mkdir(parents=True)
+    (folder / "end" / "worker-00000.json").write_text("{}")
+    assert main(["replay", str(folder)]) == EXIT_USAGE
+    line = one_error_line(capsys, "replay")
+    assert "no manifest.json to name the job" in line and "'my files' is not a job name" in line
+
+
+def test_an_unreadable_manifest_is_named_without_pydantic_noise(tmp_path, capsys):
+    folder = tmp_path / "halfjob"
+    folder.mkdir()
+    (folder / "manifest.json").write_text('{"a": 1}')
+    assert main(["replay", str(folder), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "manifest.json: job: Field required; created: Field required" in err
+    assert "errors.pydantic.dev" not in err and "no manifest.json" not in err
+    assert "manifest.json cannot be read: assuming the default rules" in err
+
+
+@pytest.fixture
+def job(tmp_path):
+    from trainguard.format.documents import Manifest, dump_document
+
+    folder = tmp_path / "jobs" / "a-job"
+    folder.mkdir(parents=True)
+    manifest = Manifest(job="a-job", created=1.7e9, hook_version="test", world_size=1)
+    (folder / "manifest.json").write_bytes(dump_document(manifest))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("out", "reason"),
+    [
+        ("/etc/passwd/x.html", "/etc/passwd is not a folder"),
+        ("/etc/passwd/sub/x.html", "/etc/passwd is not a folder"),
+        ("/proc/x.html", "/proc does not allow creating files"),
+        (".", "is a folder; name the file"),
+    ],
+)
+def test_an_output_that_cannot_be_written_names_the_real_cause(job, capsys, out, reason):
+    assert main(["report", str(job), "--out", out]) == EXIT_USAGE
+    line = one_error_line(capsys, "report")
+    assert line == f"trainguard report: --out {out}: {reason}" or line.startswith(
+        f"trainguard report: --out {out}: {reason}"
+    )
+    assert "no such file" not in line and "unexpected error" not in line
+
+
+def test_an_output_folder_without_write_permission(job, tmp_path, capsys):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as root: permissions are not enforced")
+        assert main(["report", str(job), "--out", str(locked / "r.html")]) == EXIT_USAGE
+        assert f"{locked}: permission denied" in one_error_line(capsys, "report")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_local_checks_its_rules_file_before_the_run(tmp_path, monkeypatch, capsys):
+    from trainguard.local import demo
+
+    def never(*args, **kwargs):  # pragma: no cover - the assertion is that no run starts
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(demo, "run_local", never)
+    (tmp_path / "unknown.json").write_text(
+        '[{"RuleConfigurationName": "Mine", "RuleParameters": {"rule_to_invoke": "NoSuchRule"}}]'
+    )
+    assert main(["local", "--rules", "unknown.json", "--", "true"]) == EXIT_USAGE
+    line = one_error_line(capsys, "local")
+    assert "--rules unknown.json: Mine: unknown rule 'NoSuchRule'" in line
+    (tmp_path / "bad.json").write_text(
+        '[{"RuleConfigurationName": "L", "RuleParameters": {"rule_to_invoke": "LossNotDecreasing",'
+        ' "num_steps": "many"}}]'
+    )
+    assert main(["local", "--rules", "bad.json", "--", "true"]) == EXIT_USAGE
+    assert "L: bad parameter for LossNotDecreasing: num_steps" in one_error_line(capsys, "local")
+    assert main(["local", "--rules", "missing.json", "--", "true"]) == EXIT_USAGE
+    assert one_error_line(capsys, "local") == (
+        "trainguard local: --rules missing.json: No such file or directory"
+    )
+
+
+def test_every_option_has_help_text():
+    for action in _all_actions(cli._parser()):
+        if action.option_strings and action.help != argparse.SUPPRESS:
+            assert action.help, f"{action.option_strings} has no help text"
+
+
+def _all_actions(parser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_actions(sub)
+
+
+def test_an_s3_folder_of_other_objects_is_not_a_job(capsys):
+    import boto3
+    from moto import mock_aws
+    from trainguard.service import clients
+
+    with mock_aws():
+        clients.reset()
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="tg-other")
+        s3.put_object(Bucket="tg-other", Key="jobs/photos/cat.jpg", Body=b"x")
+        s3.put_object(Bucket="tg-other", Key="jobs/photos/report/profiler-report.html", Body=b"x")
+        for command in ("replay", "report"):
+            assert main(
+                [command, "s3://tg-other/jobs/photos", "--no-progress"][: 3 if command == "replay" else 2]
+            ) == (EXIT_USAGE)
+            assert "s3://tg-other/jobs/photos: not a trainguard job folder" in one_error_line(capsys, command)
     clients.reset()

@@ -99,9 +99,12 @@ def replay(
         manifest = Manifest(
             job=source.job, created=now, hook_version="unknown", world_size=max(sizes, default=1)
         )
-        warnings.append(
-            "no manifest.json: assuming the default rules and the world size the step objects name"
+        said = (
+            "manifest.json cannot be read"
+            if any(r.kind is ObjectKind.MANIFEST for r in refs)
+            else ("no manifest.json")
         )
+        warnings.append(f"{said}: assuming the default rules and the world size the step objects name")
     if rules is not None:
         manifest = manifest.model_copy(update={"rules": rules})
     state = JobState(job=source.job)

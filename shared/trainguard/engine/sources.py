@@ -37,6 +37,7 @@ from trainguard.format.documents import (
 from trainguard.format.layout import ObjectKind, ObjectRef, parse_relative, relative_key
 from trainguard.format.system import MAX_SYSTEM_BYTES, parse_system_batch
 from trainguard.rules.base import StepData
+from trainguard.text import validation_text
 
 #: a step object or segment larger than this is refused outright (S3's largest single PUT;
 #: no trainguard writer produces one: full tensors are split across windows)
@@ -155,7 +156,7 @@ def read_end(raw: bytes) -> EndMarker:
 
 
 def _short(exc: Exception) -> str:
-    return _short_text(str(exc))
+    return _short_text(validation_text(exc))  # a pydantic error without its lines and URLs
 
 
 def _short_text(text: str) -> str:
