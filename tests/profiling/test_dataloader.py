@@ -39,3 +39,14 @@ def test_no_dataloader_info_is_not_applicable() -> None:
     rule = make()
     state, found = run(rule, series(40))
     assert found == [] and "no data-loader information" in rule.notes(state)["note"]
+
+
+def test_timed_data_waits_alone_are_not_a_judgement() -> None:
+    """Without the loader's workers the rule judged nothing: its verdict is Error, never a pass."""
+    rule = make()
+    state, _ = run(rule, series(40))
+    coverage = rule.coverage(state)
+    assert not coverage.complete and "no data-loader workers" in coverage.reason
+    state, _ = run(rule, series(40, dataloader=DataloaderInfo(num_workers=8, cpu_count=8)))
+    assert rule.coverage(state).complete
+    assert rule.coverage(rule.initial_state()).reason == "no system batches were received"

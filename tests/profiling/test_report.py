@@ -122,7 +122,7 @@ def test_empty_and_hostile_job_folders_still_render(tmp_path: Path) -> None:
     assert "Data notes" in build_report(data)
 
 
-def test_gpu_absent_job_says_not_applicable(tmp_path: Path) -> None:
+def test_gpu_absent_job_says_its_gpu_rules_could_not_judge(tmp_path: Path) -> None:
     from sysbatches import series
 
     folder = tmp_path / "cpu-job"
@@ -133,7 +133,8 @@ def test_gpu_absent_job_says_not_applicable(tmp_path: Path) -> None:
     html = build_report(load_job_data(folder))
     assert "0 GPUs (absent: not measured)" in html
     rules = html[html.index('id="rules"') : html.index('id="usage"')]
-    assert rules.count("Not applicable") >= 5
+    assert rules.count("no GPU data was recorded") >= 5 and "Not applicable" not in rules
+    assert rules.count("<span class='err'>Error</span>") >= 5
 
 
 def test_scalars_given_directly_are_plotted() -> None:

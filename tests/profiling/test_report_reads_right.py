@@ -189,7 +189,7 @@ def test_a_job_without_step_objects_has_no_model_rules_to_show(tmp_path):
     assert "were not evaluated for this report" in section(html, "model-rules")
 
 
-def test_dataloader_not_applicable_says_what_the_data_waits_were(tmp_path):
+def test_dataloader_that_could_not_judge_says_what_the_data_waits_were(tmp_path):
     folder = tmp_path / "waits"
     for b in series(400, gpu=lambda i: None):
         b = b.model_copy(update={"steps": [e.model_copy(update={"data_wait_s": 0.05}) for e in b.steps]})
@@ -201,7 +201,8 @@ def test_dataloader_not_applicable_says_what_the_data_waits_were(tmp_path):
     share = re.search(r"([0-9.]+)%\s*$", steps.split("TRAIN", 1)[1].split("StepOutlier")[0].strip())
     assert share is not None
     row = text(section(html, "rules").split("<b>Dataloader</b>")[1].split("</tr>")[0])
-    assert "Not applicable" in row
+    assert "Error" in row and "Not applicable" not in row and "not applicable" not in row
+    assert "Dataloader checked no data-loader reports" in row
     assert f"{share.group(1)}% of step time was spent waiting for data" in row
     assert "hook.timed_loader" in row  # how to make the check applicable
 
@@ -244,3 +245,65 @@ def test_the_services_own_statuses_are_shown_when_given(tmp_path):
     assert "step 420" in rules and "scalar loss is nan" in rules and "Lower the learning rate" in rules
     assert "<b>Overfit</b>" in rules and "Stopped" in rules
     assert "<b>StepOutlier</b>" not in rules  # a profiler rule: in the profiler section
+
+
+@pytest.fixture(scope="module")
+def unprofiled(tmp_path_factory) -> tuple[Path, str]:
+    """A job of the real hook without profiling: step objects, no system data."""
+    import trainguard
+    from trainguard import modes
+
+    folder = tmp_path_factory.mktemp("unprofiled") / "plain-job"
+    hook = trainguard.Hook(str(folder), include_collections=["losses"], rules=None)
+    with hook:
+        for step in range(40):
+            hook.save_scalar("loss", 2.0 / (1 + step), step=step, collections=["losses"])
+            if step % 10 == 9:
+                hook.set_mode(modes.EVAL)
+                hook.save_scalar("loss", 2.2 / (1 + step), step=step, collections=["losses"])
+                hook.set_mode(modes.TRAIN)
+    return folder, build_report(load_job_data(folder))
+
+
+def test_rules_without_profiler_data_are_errors_with_their_reason_never_no_issues(unprofiled):
+    rules = section(unprofiled[1], "rules")
+    assert "No issues" not in rules and "Not applicable" not in rules
+    for name in ("StepOutlier", "MaxInitializationTime", "CPUBottleneck", "Dataloader"):
+        row = text(rules.split(f"<b>{name}</b>")[1].split("</tr>")[0])
+        assert "Error" in row and "no system" in row, row
+        assert "profiler=True" in row  # what to do
+    assert "it ran without profiling" in text(rules)
+
+
+def test_the_summary_shows_what_the_job_recorded_and_says_what_it_did_not(unprofiled):
+    summary = text(section(unprofiled[1], "summary"))
+    assert "Workers 1 (ranks 0)" in summary
+    assert "Steps saved 40 (steps 0 to 39)" in summary and "Modes TRAIN, EVAL" in summary
+    assert "LossNotDecreasing" in summary and "the service's defaults" in text(html_unescape(unprofiled[1]))
+    assert "Workers 0" not in summary and "()" not in summary
+    assert "n/a" not in summary and not re.search(r"<td>\s*</td>", section(unprofiled[1], "summary"))
+    assert summary.count("Not recorded:") == 1 and "ran without profiling" in summary
+    for absent in ("Nodes", "Sampling interval", "First step started", "Initialization"):
+        assert absent not in summary
+
+
+def html_unescape(html: str) -> str:
+    import html as module
+
+    return module.unescape(html)
+
+
+def test_findings_are_listed_in_the_order_they_fired():
+    from trainguard.report.data import ModelRuleResult
+
+    rows = [
+        ModelRuleResult("DeadRelu", "DeadRelu", "NoIssuesFound", "NoIssuesFound: fine."),
+        ModelRuleResult("ExplodingTensor", "ExplodingTensor", "IssuesFound", "loss is NaN", step=300),
+        ModelRuleResult("Overfit", "Overfit", "Error", "RuleInputMissing: no EVAL losses."),
+        ModelRuleResult("LossNotDecreasing", "LossNotDecreasing", "IssuesFound", "flat", step=120),
+        ModelRuleResult("AllZero", "AllZero", "NoIssuesFound", "NoIssuesFound: fine."),
+    ]
+    model = section(build_report(JobData(job="j", model_rules=rows)), "model-rules")
+    shown = re.findall(r"<b>(\w+)</b>", model)
+    # fired first, by step; then the rest in the job's configuration order (not alphabetical)
+    assert shown == ["LossNotDecreasing", "ExplodingTensor", "Overfit", "DeadRelu", "AllZero"]

@@ -70,6 +70,12 @@ class JobData:
     notes: list[str] = field(default_factory=list)
     #: the job's model rules; None when they were not evaluated (``notes`` says why)
     model_rules: list[ModelRuleResult] | None = None
+    #: what the step objects recorded: how many steps, the first and last, the workers
+    #: (ranks) that wrote them and the modes they were in
+    steps_saved: int = 0
+    step_range: tuple[int, int] | None = None
+    ranks: list[int] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)
 
 
 def _job_name(path: str) -> str:
@@ -147,6 +153,9 @@ def _load_scalars(url: str, store: Any, data: JobData) -> None:
     except Exception as exc:
         data.notes.append(f"training scalars unavailable ({type(exc).__name__}: {str(exc)[:200]})")
         return
+    data.steps_saved = len(steps)
+    data.step_range = (steps[0], steps[-1]) if steps else None
+    data.ranks = sorted(trial.ranks() or [])
     if len(steps) > MAX_STEP_OBJECTS:
         stride = len(steps) / MAX_STEP_OBJECTS
         steps = [steps[int(i * stride)] for i in range(MAX_STEP_OBJECTS)]
@@ -154,7 +163,7 @@ def _load_scalars(url: str, store: Any, data: JobData) -> None:
     series: dict[str, list[tuple[int, float]]] = {}
     worker = min(trial.ranks() or [0])
 
-    def fetch(step: int) -> list[tuple[str, float]] | str:
+    def fetch(step: int) -> tuple[list[str], list[tuple[str, float]]] | str:
         # only the scalars leave this function: a parsed header (MBs for big jobs) is dropped
         # here, and the trial's own cache is bounded in bytes
         try:
@@ -168,16 +177,19 @@ def _load_scalars(url: str, store: Any, data: JobData) -> None:
                 continue
             for name, scalar in record.scalars.items():
                 points.append((name if mode == "TRAIN" else f"{name} ({mode})", scalar.value))
-        return points
+        return [str(m) for m in header.modes], points
 
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
         results = list(pool.map(fetch, steps))
+    seen_modes: set[str] = set()
     for step, result in zip(steps, results, strict=True):
         if isinstance(result, str):
             data.problems.append(result)
             continue
-        for label, value in result:
+        seen_modes.update(result[0])
+        for label, value in result[1]:
             series.setdefault(label, []).append((step, value))
+    data.modes = [m for m in MODES if m in seen_modes] + sorted(seen_modes - set(MODES))
     data.scalars = {k: sorted(v) for k, v in sorted(series.items())}
 
 

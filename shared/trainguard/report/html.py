@@ -204,20 +204,34 @@ def _stamp(t: float | None) -> str:
 
 
 def _summary_section(data: JobData, tl: Timeline, batches: Sequence[SystemBatch], steps: int) -> str:
+    """What the job recorded; what it did not is left out, with one line saying why."""
     phases = tl.phases()
-    workers = sorted({b.worker for b in batches})
+    workers = sorted({b.worker for b in batches} | set(data.ranks))
     hosts = sorted({b.host or f"worker-{b.worker}" for b in batches})
     interval = batches[0].interval_s if batches else None
-    cards = [
-        ("Total", _duration(None if tl.start is None or tl.end is None else tl.end - tl.start)),
-        ("Initialization", _duration(phases[0] if phases else None)),
-        ("Training loop", _duration(phases[1] if phases else None)),
-        ("Finalization", _duration(phases[2] if phases else None)),
-        ("Steps timed", f"{steps:,}"),
-    ]
-    parts = ['<section id="summary"><h2>Job summary</h2><div class="cards">']
-    parts += [f"<div class='card'><b>{escape(v)}</b><span>{escape(k)}</span></div>" for k, v in cards]
-    parts.append("</div>")
+    world = data.manifest.world_size if data.manifest is not None else None
+    rules = [r.name for r in data.model_rules or []]
+    cards: list[tuple[str, str]] = []
+    if phases:
+        cards += [
+            ("Total", _duration(None if tl.start is None or tl.end is None else tl.end - tl.start)),
+            ("Initialization", _duration(phases[0])),
+            ("Training loop", _duration(phases[1])),
+            ("Finalization", _duration(phases[2])),
+        ]
+    if steps:
+        cards.append(("Steps timed", f"{steps:,}"))
+    if data.steps_saved:
+        cards.append(("Steps saved", f"{data.steps_saved:,}"))
+    if workers or world:
+        cards.append(("Workers", f"{world or len(workers):,}"))
+    if rules:
+        cards.append(("Model rules", f"{len(rules)}"))
+    parts = ['<section id="summary"><h2>Job summary</h2>']
+    if cards:
+        parts.append('<div class="cards">')
+        parts += [f"<div class='card'><b>{escape(v)}</b><span>{escape(k)}</span></div>" for k, v in cards]
+        parts.append("</div>")
     if phases:
         parts.append(
             phase_bar(
@@ -228,27 +242,56 @@ def _summary_section(data: JobData, tl: Timeline, batches: Sequence[SystemBatch]
                 ]
             )
         )
-    rows = [
-        ("Job", data.job),
-        ("Start (hook started)", _stamp(tl.start)),
-        ("First step started", _stamp(tl.first_step)),
-        ("Last step ended", _stamp(tl.last_step_end)),
-        ("End (last data)", _stamp(tl.end)),
-        (
-            "Workers",
-            f"{len(workers)} ({', '.join(map(str, workers[:16]))}{'…' if len(workers) > 16 else ''})",
-        ),
-        ("Nodes", ", ".join(hosts[:16]) + ("…" if len(hosts) > 16 else "")),
-        ("Sampling interval", "n/a" if interval is None else f"{interval:g} s"),
-        ("System batches read", f"{len(batches):,}"),
-    ]
+    rows = [("Job", data.job)]
     if data.manifest is not None:
         frameworks = ", ".join(f"{f.name} {f.version or ''}".strip() for f in data.manifest.frameworks)
-        rows.append(("Frameworks", frameworks or "n/a"))
+        if frameworks:
+            rows.append(("Frameworks", frameworks))
+    if workers or world:
+        listed = ", ".join(map(str, workers[:16])) + ("…" if len(workers) > 16 else "")
+        count = world if world is not None else len(workers)
+        rows.append(("Workers", f"{count} (ranks {listed})" if listed else f"{count}"))
+    if data.step_range is not None:
+        first, last = data.step_range
+        rows.append(("Steps saved", f"{data.steps_saved:,} (steps {first} to {last})"))
+    if data.modes:
+        rows.append(("Modes", ", ".join(data.modes)))
+    if rules:
+        defaults = data.manifest is not None and data.manifest.rules is None
+        rows.append(("Model rules", ", ".join(rules) + (" (the service's defaults)" if defaults else "")))
+    if batches:
+        rows.append(("Start (hook started)", _stamp(tl.start)))
+        if tl.first_step is not None:
+            rows += [
+                ("First step started", _stamp(tl.first_step)),
+                ("Last step ended", _stamp(tl.last_step_end)),
+            ]
+        rows += [
+            ("End (last data)", _stamp(tl.end)),
+            ("Nodes", ", ".join(hosts[:16]) + ("…" if len(hosts) > 16 else "")),
+            ("Sampling interval", "n/a" if interval is None else f"{interval:g} s"),
+            ("System batches read", f"{len(batches):,}"),
+        ]
     parts.append("<table>")
     parts += [f"<tr><th style='width:220px'>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows]
-    parts.append("</table></section>")
+    parts.append("</table>")
+    missing = _not_recorded(data, batches, tl)
+    if missing:
+        parts.append(f"<p class='small na'>{escape(missing)}</p>")
+    parts.append("</section>")
     return "".join(parts)
+
+
+def _not_recorded(data: JobData, batches: Sequence[SystemBatch], tl: Timeline) -> str:
+    """One line: what the summary leaves out, and why."""
+    if not batches:
+        what = "Not recorded: start and end times, the phases, nodes and system usage"
+        if data.manifest is not None and data.manifest.system_interval_s is not None:
+            return f"{what}; profiling was on, but no system batch could be read (see Data notes)."
+        return f"{what}: the job ran without profiling (trainguard.Hook(..., profiler=True) records them)."
+    if tl.first_step is None:
+        return "Not recorded: step timings (no training step was timed while profiling)."
+    return ""
 
 
 def profiler_config(data: JobData) -> tuple[ProfilerReportConfig, str | None]:
@@ -310,11 +353,17 @@ def _model_rules_section(data: JobData, t0: float | None) -> str:
     parts.append(
         "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
     )
+    # findings in the order they fired, then the others in the job's configuration order
     order = {"IssuesFound": 0, "Error": 1, "Stopped": 2, "InProgress": 3, "NoIssuesFound": 4}
-    for r in sorted(rows, key=lambda r: (order.get(r.status, 5), r.name)):
+    for r in sorted(rows, key=lambda r: (order.get(r.status, 5), _fired_at(r.step, r.wall_time))):
         parts.append(_model_row(r, t0))
     parts.append("</table></section>")
     return "".join(parts)
+
+
+def _fired_at(step: int | None, when: float | None) -> tuple[float, float]:
+    """Sort key of a finding: its step, then its time (0 for rows that did not fire: kept in order)."""
+    return (float(step) if step is not None else 0.0, when if when is not None else 0.0)
 
 
 def _model_row(r: ModelRuleResult, t0: float | None) -> str:
@@ -342,23 +391,51 @@ def _model_row(r: ModelRuleResult, t0: float | None) -> str:
     )
 
 
+def _how_to_judge(rule: str, profiled: bool) -> str:
+    """What makes a rule able to judge the next job."""
+    if not profiled:
+        return "Profile the job: trainguard.Hook(..., profiler=True)."
+    if rule == "Dataloader":
+        return (
+            "For the worker-count check, iterate a torch DataLoader through hook.timed_loader(loader): "
+            "its num_workers is what this rule reads."
+        )
+    return "It judges GPU metrics: on a host with GPUs, NVML must be readable (pynvml importable)."
+
+
 def _rules_section(
     results: list[RuleResult],
     t0: float | None,
     configs: dict[str, RuleConfig] | None = None,
     data_wait: float | None = None,
+    batches: Sequence[SystemBatch] = (),
 ) -> str:
     fired = [r for r in results if r.status == "IssuesFound"]
+    unjudged = [r for r in results if r.unjudged]
     parts = ['<section id="rules"><h2>Profiler rules</h2>']
+    could_not = f" {len(unjudged)} could not judge the job (Error, with the reason)." if unjudged else ""
     parts.append(
-        f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues. Evaluated like the "
-        "trainguard service does, with the job's parameters: each worker's system batches in order, one "
-        "state per worker; a rule found issues if it did for any worker.</p>"
+        f"<p class='meta'>{len(fired)} of {len(results)} profiler rules found issues.{could_not} Evaluated "
+        "like the trainguard service does, with the job's parameters: each worker's system batches in "
+        "order, one state per worker; a rule found issues if it did for any worker.</p>"
     )
+    if not batches:
+        parts.append(
+            "<p class='err'>The job recorded no system data: it ran without profiling "
+            "(trainguard.Hook(..., profiler=True) records it), so no profiler rule could judge it.</p>"
+        )
     parts.append(
         "<table><tr><th>Rule</th><th>Status</th><th>When</th><th>Details</th><th>What to do</th></tr>"
     )
-    order = sorted(results, key=lambda r: (r.status != "IssuesFound", r.status != "Error", r.name))
+    # findings in the order they fired, then errors, then the rest in the rules' own order
+    rank = {"IssuesFound": 0, "Error": 1}
+    order = sorted(
+        results,
+        key=lambda r: (
+            rank.get(r.status, 2),
+            _fired_at(r.finding.step, r.finding.time) if r.finding is not None else (0.0, 0.0),
+        ),
+    )
     for r in order:
         config = (configs or {}).get(r.name)
         summary = fill(r.summary, config)
@@ -367,10 +444,20 @@ def _rules_section(
             when = _when(r.finding.step, None, None, r.finding.time, t0)
             details = escape(r.finding.message)
             advice = escape(r.advice)
-        elif r.status == "Error":
+        elif r.error:
             status, when = "<span class='err'>Error</span>", "—"
-            details = escape(r.error or "")
+            details = escape(r.error)
             advice = "A bug in the rule or data it cannot read; the other rules went on."
+        elif r.unjudged:
+            status, when = "<span class='err'>Error</span>", "—"
+            details = escape(r.unjudged.replace(": not applicable: ", ": ") + ".")
+            advice = escape(_how_to_judge(r.name, bool(batches)))
+            if r.name == "Dataloader" and data_wait is not None:
+                # its num_workers check could not run; the data waits it measured are shown below
+                details += escape(
+                    f" The data waits were measured: {data_wait:.1f}% of step time was spent "
+                    "waiting for data (Step durations)."
+                )
         else:
             note = r.notes.get("note")
             status = "<span class='na'>Not applicable</span>" if note else "<span class='ok'>No issues</span>"
@@ -379,17 +466,6 @@ def _rules_section(
             if r.name == "OverallSystemUsage":  # never fires: its numbers are the usage tables below
                 status = "<span class='na'>Summary</span>"
                 details = escape(summary[:1].upper() + summary[1:]) + "; see the tables below."
-            elif r.name == "Dataloader" and note:
-                # its num_workers check could not run, but the data waits it measured are shown below
-                if data_wait is not None:
-                    details += escape(
-                        f". The data waits were measured: {data_wait:.1f}% of step time was spent "
-                        "waiting for data (Step durations)."
-                    )
-                advice = escape(
-                    "For the worker-count check, iterate a torch DataLoader through "
-                    "hook.timed_loader(loader): its num_workers is what this rule reads."
-                )
         parts.append(
             f"<tr><td><b>{escape(r.name)}</b></td><td class='nowrap'>{status}</td>"
             f"<td class='nowrap'>{when}</td><td>{details}</td><td>{advice}</td></tr>"
@@ -668,7 +744,7 @@ def build_report(job_data: JobData, *, generated_at: float | None = None) -> str
         f"{' from ' + escape(job_data.source) if job_data.source else ''}</div>"
         + _summary_section(job_data, tl, batches, step_count)
         + _model_rules_section(job_data, tl.start if tl.start is not None else _job_start(job_data))
-        + _rules_section(results, tl.start, configs, data_wait_share(batches))
+        + _rules_section(results, tl.start, configs, data_wait_share(batches), batches)
         + _usage_section(nodes)
         + _timeseries_section(nodes)
         + steps_html

@@ -16,8 +16,10 @@ from typing import Any
 from pydantic import Field
 
 from trainguard.format.system import SystemBatch
-from trainguard.rules.base import Finding, RuleConfig, fmt
+from trainguard.rules.base import Coverage, Finding, RuleConfig, fmt
 from trainguard.rules.profiler.base import ProfilerRule, ProfilerState
+
+_NO_LOADER = "the hook reported no data-loader workers (no torch DataLoader went through hook.timed_loader)"
 
 
 class DataloaderConfig(RuleConfig):
@@ -77,6 +79,13 @@ class Dataloader(ProfilerRule[DataloaderConfig, DataloaderState]):
                 threshold=limit,
             )
         ]
+
+    def coverage(self, state: DataloaderState) -> Coverage:
+        """Judged once the hook reported the loader's workers; timed data waits alone judge nothing."""
+        reason = "" if state.num_workers is not None else _NO_LOADER
+        if state.num_workers is None and not state.samples and not state.steps:
+            reason = "no system batches were received"
+        return self.covered(0 if state.num_workers is None else 1, "data-loader reports", reason=reason)
 
     def not_applicable(self, state: DataloaderState) -> str | None:
         if state.num_workers is None:

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainguard.format.system import SystemBatch
-from trainguard.rules.base import Finding, RuleConfig
+from trainguard.rules.base import Coverage, Finding, RuleConfig, merge_coverage
 from trainguard.rules.profiler.base import ProfilerRule, ProfilerState
 from trainguard.rules.profiler.batch_size import BatchSize
 from trainguard.rules.profiler.cpu_bottleneck import CPUBottleneck
@@ -100,10 +100,21 @@ class RuleResult:
     finding: FindingRecord | None
     error: str | None
     notes: dict[str, Any] = field(default_factory=dict)
+    #: what the rule judged (its standalone verdict: a rule that judged nothing ends Error)
+    coverage: Coverage | None = None
+
+    @property
+    def unjudged(self) -> str | None:
+        """Why the rule could not judge the job (None when it did, or fired, or failed)."""
+        if self.error or self.finding or self.coverage is None or self.coverage.complete:
+            return None
+        c = self.coverage
+        return f"{self.name} {c.verb} no {c.unit}: {c.reason or 'none of what it reads arrived'}"
 
     @property
     def status(self) -> str:
-        if self.error:
+        """What the rule would end with run on its own (the service's and replay's verdict)."""
+        if self.error or self.unjudged:
             return "Error"
         return "IssuesFound" if self.finding else "NoIssuesFound"
 
@@ -183,12 +194,20 @@ class ProfilerReport(ProfilerRule[ProfilerReportConfig, ProfilerReportState]):
         out = []
         for name, rule in self.rules.items():
             notes: dict[str, Any] = {}
+            coverage = None
             raw = state.states.get(name)
             if raw is not None or name not in state.errors:
-                notes = rule.notes(rule.load_state(raw))
+                sub = rule.load_state(raw)
+                notes, coverage = rule.notes(sub), rule.coverage(sub)
             out.append(
                 RuleResult(
-                    name, rule.summary, rule.advice, state.findings.get(name), state.errors.get(name), notes
+                    name,
+                    rule.summary,
+                    rule.advice,
+                    state.findings.get(name),
+                    state.errors.get(name),
+                    notes,
+                    coverage,
                 )
             )
         return out
@@ -237,11 +256,18 @@ def evaluate_per_worker(
             finding = r.finding
             if several and finding is not None and not finding.message.lower().startswith(f"worker {w} "):
                 finding = finding.model_copy(update={"message": f"worker {w}: {finding.message}"})
-            merged.append(RuleResult(r.name, r.summary, r.advice, finding, None, r.notes))
+            merged.append(RuleResult(r.name, r.summary, r.advice, finding, None, r.notes, r.coverage))
         elif errors:
             w, r = errors[0]
-            merged.append(RuleResult(r.name, r.summary, r.advice, None, f"worker {w}: {r.error}", r.notes))
+            merged.append(
+                RuleResult(r.name, r.summary, r.advice, None, f"worker {w}: {r.error}", r.notes, r.coverage)
+            )
         else:
             judged = [r for _, r in candidates if "note" not in r.notes]
-            merged.append(judged[0] if judged else first)
+            chosen = judged[0] if judged else first
+            # a job's workers are judged together: judged on any worker is judged (the service's merge)
+            coverage = merge_coverage([r.coverage for _, r in candidates])
+            merged.append(
+                RuleResult(chosen.name, chosen.summary, chosen.advice, None, None, chosen.notes, coverage)
+            )
     return merged
