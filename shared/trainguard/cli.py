@@ -559,6 +559,10 @@ def _rules(args: argparse.Namespace) -> int:
     for row in describe_rules():
         origin = "" if row["source"] == "trainguard" else f" (custom: {row['source']})"
         print(f"{row['name']:<28} [{row['kind']}] {row['summary']}{origin}")
+        if row["method"]:
+            print(f"{'':<28} method: {row['method']}")
+        if row["false_alarm_budget"]:
+            print(f"{'':<28} false alarms: {row['false_alarm_budget']}")
         if not row["details"]:
             print(f"{'':<28} (no parameters)")
         for p in row["details"]:

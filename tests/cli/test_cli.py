@@ -6,6 +6,7 @@ import json
 
 from trainguard.cli import main
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.rules.config import DEFAULT_RULES
 
 
 def write(tmp_path, job: SyntheticJob):
@@ -31,7 +32,7 @@ def test_replay_json_has_one_object_per_rule_with_the_first_issue_step(tmp_path,
     out = json.loads(capsys.readouterr().out)
     assert [set(o) for o in out] == [
         {"RuleConfigurationName", "RuleEvaluationStatus", "StatusDetails", "Step"}
-    ] * 5
+    ] * len(DEFAULT_RULES)
     by_name = {o["RuleConfigurationName"]: o for o in out}
     assert by_name["ExplodingTensor"]["RuleEvaluationStatus"] == "IssuesFound"
     assert by_name["ExplodingTensor"]["Step"] == 14
@@ -87,6 +88,7 @@ def test_rules_lists_every_rule_with_defaults(capsys):
         "ExplodingTensor",
         "DeadRelu",
         "Overfit",
+        "LossDivergence",
         "CPUBottleneck",
     ):
         assert name in out

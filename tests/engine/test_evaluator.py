@@ -9,6 +9,7 @@ from trainguard.engine.evaluator import advance, apply_end, apply_manifest, buil
 from trainguard.engine.model import JobState, StepArrival
 from trainguard.format import documents as d
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.rules.config import DEFAULT_RULES
 from trainguard.service.state_store import _pack, _unpack
 
 NOW = 1_800_000_000.0
@@ -171,7 +172,7 @@ def test_event_detail_carries_sagemaker_fields_and_all_rule_statuses():
         and detail.AllowSageMakerStop
     )
     assert detail.EventId == "evt/ExplodingTensor/2" and detail.Step == 1
-    assert len(detail.DebugRuleEvaluationStatuses) == 5
+    assert len(detail.DebugRuleEvaluationStatuses) == len(DEFAULT_RULES)
     assert len(detail.StatusDetails) <= 1024
 
 

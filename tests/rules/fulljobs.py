@@ -25,6 +25,7 @@ SIGMOID = (-23.0, 16.99999)
 #: faults a job can carry (each makes at least one rule fire)
 FAULTS = (
     "nan_loss",
+    "diverging",
     "flat_loss",
     "overfit",
     "oscillating",
@@ -65,6 +66,8 @@ def job_step(s: int, on: set[str]) -> StepData:
         train_loss = 0.668413
     if "oscillating" in on:
         train_loss = 1.0 + (0.5 if s % 2 else -0.5)
+    if "diverging" in on and s >= 40:
+        train_loss *= 10.0 ** (5 + s - 40)  # finite, orders of magnitude above its level
     if "nan_loss" in on and s >= 30:
         train_loss = math.nan
     eval_loss = train_loss * (3.0 if "overfit" in on else 1.02)

@@ -60,6 +60,7 @@ SCENARIOS: dict[str, list[tuple[dict[str, str], tuple[str, ...]]]] = {
     "OscillatingLoss": [({"min_evaluations": "4"}, ()), ({"smoothing_steps": "1"}, ("oscillating",))],
     "DataNotNormalized": [({}, ()), ({}, ("raw_images",))],
     "GradientNormRatio": [({}, ()), ({}, ("exploding_ratio",))],
+    "LossDivergence": [({}, ()), ({}, ("diverging",)), ({"mode": "TRAIN"}, ("nan_loss",))],
     "SimilarAcrossRuns": [({"other_trials": "other-job"}, ())],
 }
 #: rules that never fire from ``update`` (a report, a clock rule, a cross-job rule)

@@ -73,6 +73,7 @@ def test_every_rule_is_well_formed() -> None:
 #: rules whose state holds a container; their state-size test must run LONG (100,000) steps
 CONTAINER_STATES = {
     "LossNotDecreasing",
+    "LossDivergence",
     "UnchangedTensor",
     "WeightUpdateRatio",
     "ClassImbalance",

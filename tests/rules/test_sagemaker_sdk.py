@@ -13,7 +13,7 @@ import pytest
 from trainguard.cli import main
 from trainguard.engine import evaluator
 from trainguard.local.synthetic import SyntheticJob
-from trainguard.rules.config import DEFAULT_RULES_ENV, parse_rule_configurations
+from trainguard.rules.config import DEFAULT_RULES, DEFAULT_RULES_ENV, parse_rule_configurations
 from trainguard.rules.profiler import PROFILER_RULES
 from trainguard.rules.profiler.profiler_report import ProfilerReportConfig
 from trainguard.rules.sagemaker import RulesFormatError, load_rules_file, loads_rules, normalize_rules
@@ -252,7 +252,7 @@ def test_the_stacks_default_rules_are_the_rules_of_a_job_that_declares_none(monk
     [bad] = parse_rule_configurations(None)
     assert bad.error and DEFAULT_RULES_ENV in bad.error
     monkeypatch.delenv(DEFAULT_RULES_ENV)
-    assert len(parse_rule_configurations(None)) == 5
+    assert len(parse_rule_configurations(None)) == len(DEFAULT_RULES)
 
 
 @pytest.mark.parametrize(

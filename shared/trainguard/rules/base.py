@@ -376,6 +376,10 @@ class BaseRule(ABC, Generic[C, S, D]):
     #: one line for ``trainguard rules`` and the alert's "what to do"
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""
+    #: the rule's test in one line (what is compared with what, against which noise, over
+    #: which horizon) and how often it may fire on a healthy job; "" where not stated
+    method: ClassVar[str] = ""
+    false_alarm_budget: ClassVar[str] = ""
     #: "model" rules read step objects, "profiler" rules system batches; "clock" (model rules
     #: also judged on a timer), "cross-job" (compared with another job), "report" (never fires)
     kind: ClassVar[str] = "model"

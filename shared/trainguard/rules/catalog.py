@@ -148,7 +148,7 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 #: trainguard rules that SageMaker does not have
-TRAINGUARD_ONLY = {"OscillatingLoss", "DataNotNormalized", "GradientNormRatio"}
+TRAINGUARD_ONLY = {"OscillatingLoss", "DataNotNormalized", "GradientNormRatio", "LossDivergence"}
 
 
 class ParameterRow(TypedDict):
@@ -167,6 +167,9 @@ class RuleRow(TypedDict):
     kind: str
     summary: str
     advice: str
+    #: the rule's test and its false-alarm budget ("" where the rule does not state them)
+    method: str
+    false_alarm_budget: str
     #: parameter -> default as SageMaker would pass it ("None", "10", "True", "a,b");
     #: None for a required parameter
     parameters: dict[str, str | None]
@@ -219,6 +222,8 @@ def describe_rules(*, profiler: bool = True) -> list[RuleRow]:
                 kind=cls.kind,
                 summary=cls.summary,
                 advice=cls.advice,
+                method=getattr(cls, "method", ""),
+                false_alarm_budget=getattr(cls, "false_alarm_budget", ""),
                 parameters=params,
                 required=required,
                 details=details,

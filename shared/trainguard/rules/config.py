@@ -64,7 +64,15 @@ CONTAINER_PARAMETERS = {
 _OTHER_TRIAL = re.compile(r"other_trial_([0-9]{1,3})\Z")
 ACTIONS = ("Email", "SMS", "StopTraining")
 #: Applied when a job declares no rules: the checks nearly every job wants, at defaults.
-DEFAULT_RULES = ("LossNotDecreasing", "VanishingGradient", "ExplodingTensor", "DeadRelu", "Overfit")
+DEFAULT_RULES = (
+    "LossNotDecreasing",
+    "VanishingGradient",
+    "ExplodingTensor",
+    "DeadRelu",
+    "Overfit",
+    # a loss that grows by orders of magnitude while finite: ExplodingTensor waits for NaN (issue 22)
+    "LossDivergence",
+)
 DEFAULT_ACTIONS = ("Email", "SMS")
 
 

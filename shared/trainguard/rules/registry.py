@@ -24,6 +24,7 @@ from trainguard.rules.dead_relu import DeadRelu
 from trainguard.rules.exploding_tensor import ExplodingTensor
 from trainguard.rules.feature_importance_overweight import FeatureImportanceOverweight
 from trainguard.rules.gradient_norm_ratio import GradientNormRatio
+from trainguard.rules.loss_divergence import LossDivergence
 from trainguard.rules.loss_not_decreasing import LossNotDecreasing
 from trainguard.rules.nlp_sequence_ratio import NLPSequenceRatio
 from trainguard.rules.oscillating_loss import OscillatingLoss
@@ -67,6 +68,7 @@ _ALL: tuple[type[Rule[Any, Any]], ...] = (
     OscillatingLoss,
     DataNotNormalized,
     GradientNormRatio,
+    LossDivergence,
 )
 
 RULES: dict[str, type[Rule[Any, Any]]] = {cls.name: cls for cls in _ALL}
