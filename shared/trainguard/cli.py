@@ -14,7 +14,7 @@ from typing import Any
 from trainguard.cli_errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, CommandError, explain
 from trainguard.engine.model import dropped_text
 from trainguard.local import results
-from trainguard.text import printable
+from trainguard.text import printable, shorten
 
 RULES_HELP = (
     "JSON file of SageMaker rule configurations: a list, an object with DebugRuleConfigurations"
@@ -533,7 +533,7 @@ def _print_rules(title: str, rows: list[tuple[str, str, str]]) -> None:
     width = max((len(n) for n, _, _ in rows), default=10)
     for name, status, details in rows:
         short = details.split(". ", 1)[-1] if details.startswith("RuleEvaluationConditionMet") else details
-        print(f"  {name:<{width}}  {status:<13}  {short[:160]}")
+        print(f"  {name:<{width}}  {status:<13}  {shorten(short, 160)}")
 
 
 def _stack_output(stack: str, key: str, region: str | None = None) -> str | None:

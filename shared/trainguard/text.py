@@ -67,7 +67,7 @@ def clip_utf8(text: str, max_bytes: int) -> str:
     return raw[:max_bytes].decode("utf-8", "ignore")
 
 
-def shorten(text: str, limit: int) -> str:
+def shorten(text: str, limit: int, ellipsis: str = "…") -> str:
     """``text``, or as much of it as fits in ``limit`` characters, cut at a word and ending "…".
 
     A cut mid-word ("num_steps=50 traini") reads as a typo; a word longer than half the
@@ -75,11 +75,11 @@ def shorten(text: str, limit: int) -> str:
     """
     if len(text) <= limit:
         return text
-    cut = text[: max(1, limit - 1)]
+    cut = text[: max(1, limit - len(ellipsis))]
     space = cut.rfind(" ")
     if space >= limit // 2:
         cut = cut[:space]
-    return cut.rstrip(" ,;:(") + "…"
+    return cut.rstrip(" ,;:(") + ellipsis
 
 
 def validation_text(exc: BaseException, most: int = 4) -> str:

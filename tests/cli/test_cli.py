@@ -111,3 +111,14 @@ def test_status_reads_the_state_table(aws, capsys):
     assert "IssuesFound" in capsys.readouterr().out
     assert main(["status", "nope", "--table", aws.table]) == 2
     assert capsys.readouterr().err.startswith("trainguard status: no job 'nope' in the state table")
+
+
+def test_status_lines_are_shortened_at_a_word_with_an_ellipsis(capsys):
+    from trainguard.cli import _print_rules
+
+    details = "LossNotDecreasing: mean EVAL loss over training steps 39-79 is 1.4015, " + "word " * 40
+    _print_rules("job", [("LossNotDecreasing", "IssuesFound", details)])
+    line = capsys.readouterr().out.splitlines()[1]
+    shown = line.split("IssuesFound", 1)[1].strip()
+    assert shown.endswith("…") and len(shown) <= 160
+    assert details.startswith(shown[:-1]) and details[len(shown) - 1] == " "

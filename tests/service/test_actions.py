@@ -66,7 +66,7 @@ def test_notify_publishes_once_per_event_id(env):
     assert len(sent(env)) == 1
     message = json.loads(sent(env)[0][1])
     assert "Step:          30" in message["email"] and "fc1.weight_grad" in message["email"]
-    assert message["sms"].startswith("trainguard job-1: nan-check IssuesFound step 30")
+    assert message["sms"].startswith("trainguard job-1: nan-check IssuesFound at step 30 (global)")
     other = {"detail": json.loads(detail(EventId="job-1/nan-check/3").model_dump_json())}
     notify.handle_event(other)
     assert len(sent(env)) == 2

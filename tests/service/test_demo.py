@@ -21,7 +21,7 @@ def test_demo_alerts_and_stops_the_faulty_job_and_passes_the_clean_twin(capsys, 
     assert "✓ demo-slow-loader: StepOutlier caught the stalled data loader" in out
     assert "✓ demo-clean-twin: every rule NoIssuesFound" in out
     assert "SNS → email (delivered): trainguard: ExplodingTensor IssuesFound in demo-exploding" in out
-    assert "(global step; TRAIN step" in out and "Measured:      inf" in out
+    assert "(global), TRAIN step" in out and "is inf" in out
     runs = tmp_path / "runs"
     for job in ("demo-exploding", "demo-slow-loader", "demo-clean-twin"):
         assert (runs / job / "manifest.json").is_file(), job

@@ -798,6 +798,8 @@ def _fire(
 ) -> None:
     record.step = finding.step
     record.mode, record.mode_step = _mode_step(data, finding.step)
+    if record.mode is None and finding.mode is not None:  # the step has passed: the rule knows
+        record.mode, record.mode_step = finding.mode, finding.mode_step
     record.value = _finite_or_none(finding.value)
     record.value_text = None if finding.value is None or record.value is not None else fmt(finding.value)
     record.threshold = _finite_or_none(finding.threshold)

@@ -229,6 +229,10 @@ class Finding:
     tensor: str | None = None
     value: float | None = None
     threshold: float | None = None
+    #: the mode and its step of ``step``, when the rule fires after that step has passed (a
+    #: window closed by a later step, or the job's end): alerts name both steps
+    mode: Mode | None = None
+    mode_step: int | None = None
 
     def details(self) -> str:
         """SageMaker's phrasing, then what exactly was measured (≤ 1024 chars)."""
@@ -458,8 +462,10 @@ class BaseRule(ABC, Generic[C, S, D]):
         tensor: str | None = None,
         value: float | None = None,
         threshold: float | None = None,
+        mode: Mode | None = None,
+        mode_step: int | None = None,
     ) -> Finding:
-        return Finding(self.name, step, message, tensor, value, threshold)
+        return Finding(self.name, step, message, tensor, value, threshold, mode, mode_step)
 
     def load_state(self, raw: dict[str, Any] | None) -> S:
         return self.initial_state() if raw is None else self.State.model_validate(raw)  # type: ignore[return-value]

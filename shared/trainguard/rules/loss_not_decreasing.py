@@ -216,6 +216,8 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             return []
         margin = max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL)
         what = f"{mode} loss over training steps {span[0]}-{span[1]}"
+        # the block's last training step is what the loop printed at the step it fired for
+        clock_mode: Mode = "TRAIN" if state.clock.trained else "GLOBAL"
         before = f"{fmt(base)} over steps {base_span[0]}-{base_span[1]}"
         if not mean < base - margin:  # NaN compares False: a NaN block fires
             return [
@@ -224,6 +226,8 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
                     f"{self.name}: mean {what} is {fmt(mean)}, not lower than {before} by at least "
                     f"diff_percent={fmt(cfg.diff_percent)}% (num_steps={cfg.window} training steps).",
                     tensor=f"{mode} loss",
+                    mode=clock_mode,
+                    mode_step=span[1],
                     value=mean,
                     threshold=base,
                 )
@@ -236,6 +240,8 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
                     f"{self.name}: mean {what} is {fmt(mean)}, more than increase_threshold_percent="
                     f"{fmt(pct)}% above the lowest block mean so far {fmt(best)}.",
                     tensor=f"{mode} loss",
+                    mode=clock_mode,
+                    mode_step=span[1],
                     value=mean,
                     threshold=best + abs(best) * pct / 100.0,
                 )

@@ -2,8 +2,9 @@
 
 Only what the event knows is written, and all of it: the step as the global step and, when
 the event carries it, the loop's own step of that mode (EVAL passes advance the global step,
-so "TRAIN step 62" is what the training loop printed); the measured value even when it is
-not a finite number (``ValueText``: "inf", "nan"), with the threshold when there is one.
+so "TRAIN step 62" is what the training loop printed); the measured value as a person says
+it: "loss is NaN" when it is not a finite number (``ValueText``), else the number with the
+threshold when there is one. Long texts are shortened at a word, with an ellipsis.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from trainguard.engine.events import RuleStatusDetail
 from trainguard.rules.base import fmt
-from trainguard.text import ascii_text, printable
+from trainguard.text import ascii_text, printable, shorten
 
 SMS_MAX_CHARS = 140  # one SMS (SNS bills 140 bytes per message)
 SUBJECT_MAX_CHARS = 100  # SNS email subject limit
@@ -38,17 +39,34 @@ def _advice(rule_name: str) -> str:
 
 
 def step_text(detail: RuleStatusDetail) -> str:
-    """``64 (global step; TRAIN step 62)``, or ``64 (global step)`` when the mode is not known."""
+    """``64 (global), TRAIN step 62``, or ``64 (global)`` when the event does not know the mode."""
     if detail.Mode is not None and detail.ModeStep is not None:
-        return f"{detail.Step} (global step; {detail.Mode} step {detail.ModeStep})"
-    return f"{detail.Step} (global step)"
+        return f"{detail.Step} (global), {detail.Mode} step {detail.ModeStep}"
+    return f"{detail.Step} (global)"
+
+
+_NON_FINITE = {"nan": "NaN", "-nan": "NaN", "inf": "inf", "+inf": "inf", "-inf": "-inf"}
 
 
 def measured_text(detail: RuleStatusDetail) -> str | None:
-    """The measured value: the number, or its text when it was not finite; None if not measured."""
+    """The measured value as a person says it: ``12 (threshold 10)``, ``loss is NaN``; None
+    if nothing was measured. A threshold beside a non-finite value says nothing."""
     if detail.Value is not None:
-        return fmt(detail.Value)
-    return detail.ValueText
+        threshold = f" (threshold {fmt(detail.Threshold)})" if detail.Threshold is not None else ""
+        return f"{fmt(detail.Value)}{threshold}"
+    if detail.ValueText is None:
+        return None
+    word = _NON_FINITE.get(detail.ValueText.strip().lower(), detail.ValueText)
+    return f"{detail.Tensor or 'the value'} is {word}"
+
+
+def _sms_value(detail: RuleStatusDetail) -> str:
+    if detail.Value is not None:
+        what = detail.Tensor or "value"
+        threshold = f", threshold {fmt(detail.Threshold)}" if detail.Threshold is not None else ""
+        return f": {what} {fmt(detail.Value)}{threshold}"
+    measured = measured_text(detail)
+    return f": {measured}" if measured is not None else ""
 
 
 def render(detail: RuleStatusDetail) -> Alert:
@@ -59,7 +77,7 @@ def render(detail: RuleStatusDetail) -> Alert:
     when = dt.datetime.fromtimestamp(detail.LastModifiedTime, tz=dt.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S UTC"
     )
-    subject = ascii_text(f"trainguard: {rule} {status} in {job}")[:SUBJECT_MAX_CHARS]
+    subject = shorten(ascii_text(f"trainguard: {rule} {status} in {job}"), SUBJECT_MAX_CHARS, "...")
     lines = [
         f"Training job:  {job}",
         f"Rule:          {rule} ({detail.RuleName})",
@@ -72,8 +90,7 @@ def render(detail: RuleStatusDetail) -> Alert:
         lines.append(f"Tensor:        {detail.Tensor}")
     measured = measured_text(detail)
     if measured is not None:
-        threshold = f" (threshold {fmt(detail.Threshold)})" if detail.Threshold is not None else ""
-        lines.append(f"Measured:      {measured}{threshold}")
+        lines.append(f"Measured:      {measured}")
     elif detail.Threshold is not None:
         lines.append(f"Threshold:     {fmt(detail.Threshold)}")
     lines += ["", detail.StatusDetails, ""]
@@ -87,15 +104,9 @@ def render(detail: RuleStatusDetail) -> Alert:
     lines += [
         f"  - {e.RuleConfigurationName}: {e.RuleEvaluationStatus}" for e in detail.DebugRuleEvaluationStatuses
     ]
-    at = f" step {detail.Step}" if detail.Step is not None else ""
-    if detail.Step is not None and detail.Mode is not None and detail.ModeStep is not None:
-        at += f" ({detail.Mode} {detail.ModeStep})"
-    value = ""
-    if measured is not None:
-        value = f" {measured}" + (f">{fmt(detail.Threshold)}" if detail.Threshold is not None else "")
-    sms = f"trainguard {job}: {rule} {status}{at}{value}"
-    if len(sms) > SMS_MAX_CHARS:
-        sms = sms[: SMS_MAX_CHARS - 3] + "..."
+    at = f" at step {step_text(detail)}" if detail.Step is not None else ""
+    # "..." not "…": one character outside GSM-7 would halve what one SMS holds
+    sms = shorten(f"trainguard {job}: {rule} {status}{at}{_sms_value(detail)}", SMS_MAX_CHARS, "...")
     return Alert(subject, "\n".join(lines), sms)
 
 
