@@ -485,11 +485,6 @@ def _print_saved(saved: list[dict[str, Any]], job: str | None, as_json: bool, ru
         if not saved:
             raise CommandError(f"no job {job!r} kept under {runs}/ (trainguard status lists them)")
     session = results.read_session(runs)
-    if not as_json:
-        when = ""
-        if session is not None and session.finished is not None:
-            when = f", finished {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(session.finished))}"
-        print(f"(kept by the last local run{when}: {results.results_dir(runs)}/)")
     fields = (
         "TrainingJobName",
         "TrainingJobStatus",
@@ -500,7 +495,27 @@ def _print_saved(saved: list[dict[str, Any]], job: str | None, as_json: bool, ru
         "DroppedObjects",
         "EndReason",
     )
-    return print_jobs([{k: d.get(k) for k in fields} for d in saved], as_json)
+    entries = [{k: d.get(k) for k in fields} for d in saved]
+    if as_json:
+        return print_jobs(entries, as_json)
+    # the last run's jobs in the order it ran them, then what earlier runs kept (by name)
+    order = {name: i for i, name in enumerate(session.jobs)} if session is not None else {}
+    last = sorted(
+        (e for e in entries if e["TrainingJobName"] in order), key=lambda e: order[str(e["TrainingJobName"])]
+    )
+    earlier = [e for e in entries if e["TrainingJobName"] not in order]
+    if last:
+        when = ""
+        if session is not None and session.finished is not None:
+            when = f", finished {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(session.finished))}"
+        count = f"{len(last)} job{'s' if len(last) > 1 else ''}"
+        print(f"(the last local run{when}: {count}, kept under {runs}/)")
+        print_jobs(last)
+    if earlier:
+        count = f"{len(earlier)} job{'s' if len(earlier) > 1 else ''}"
+        print(f"(kept by earlier local runs under {runs}/: {count})")
+        print_jobs(earlier)
+    return 0
 
 
 def print_jobs(entries: list[dict[str, Any]], as_json: bool = False) -> int:

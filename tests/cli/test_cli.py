@@ -122,3 +122,34 @@ def test_status_lines_are_shortened_at_a_word_with_an_ellipsis(capsys):
     shown = line.split("IssuesFound", 1)[1].strip()
     assert shown.endswith("…") and len(shown) <= 160
     assert details.startswith(shown[:-1]) and details[len(shown) - 1] == " "
+
+
+def test_status_says_which_jobs_the_last_run_kept_and_which_earlier_runs_did(tmp_path, monkeypatch, capsys):
+    import json as jsonlib
+
+    from trainguard.local import results
+
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    folder = results.results_dir(runs)
+    folder.mkdir(parents=True)
+    for name in ("old-job", "zeta-job", "alpha-job"):
+        doc = {
+            "format": results.FORMAT,
+            "TrainingJobName": name,
+            "TrainingJobStatus": "Completed",
+            "LastStep": 9,
+            "DebugRuleEvaluationStatuses": [],
+        }
+        (folder / f"{name}.status.json").write_text(jsonlib.dumps(doc))
+    session = results.Session(runs=runs, command="demo", pid=1, started=1.0, finished=2.0)
+    session.jobs = ["zeta-job", "alpha-job"]  # the order the run ran them
+    session.save()
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("(the last local run, finished ") and "2 jobs" in lines[0]
+    titles = [line for line in lines if line.endswith("last step 9)")]
+    assert [t.split()[0] for t in titles] == ["zeta-job", "alpha-job", "old-job"]
+    assert "(kept by earlier local runs under runs/: 1 job)" in out
+    assert "kept by the last local run" not in out

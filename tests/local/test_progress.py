@@ -157,3 +157,30 @@ def test_quiet_prints_only_what_matters():
     text = out.getvalue()
     assert "InProgress" not in text and "▶" not in text
     assert "● job-c: evaluation finished (Completed, 9 steps)" in text and "train │ a line of the job" in text
+
+
+def test_the_stop_is_said_before_the_job_can_print_that_it_was_asked():
+    """stop_job's line comes before its effects: the job's own "asked to stop" line follows it."""
+    cloud, out = Cloud(), io.StringIO()
+    cloud.on_begin = []  # type: ignore[attr-defined]
+    view = Progress(cloud, state, stream=out, tty=False, plain_every_s=3600.0)
+    try:
+        view.job_started("job-a", "train")
+        event = {
+            "detail": {
+                "TrainingJobName": "job-a",
+                "RuleConfigurationName": "ExplodingTensor",
+                "RuleEvaluationStatus": "IssuesFound",
+                "Actions": ["StopTraining"],
+            }
+        }
+        for begin in cloud.on_begin:  # type: ignore[attr-defined]
+            begin("stop_job", event)
+        # what the handler does: the signal is written, the job sees it and says so at once
+        view.job_output("job-a", "trainguard: the service asked job job-a to stop\n")
+        cloud.invoke("stop_job", event, {"stopped": True, "job": "job-a", "actions": ["s3://b/k"]})
+        text = wait_for(out, "stop signal for job-a")
+    finally:
+        view.close()
+    first = text.index("■ stop_job: ExplodingTensor found issues in job-a and asks it to stop")
+    assert first < text.index("the service asked job job-a to stop") < text.index("stop signal for job-a")

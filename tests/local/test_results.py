@@ -101,7 +101,8 @@ def test_after_the_run_every_command_works_with_no_flags_and_no_aws(kept, monkey
         monkeypatch.delenv(name, raising=False)
     assert main(["status"]) == 0
     out = capsys.readouterr().out
-    assert "(kept by the last local run" in out and f"{JOB} (Completed" in out and "IssuesFound" in out
+    assert "(the last local run, finished " in out and f"{JOB} (Completed" in out and "IssuesFound" in out
+    assert "earlier local runs" not in out  # only one run kept anything
     assert main(["status", JOB, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["TrainingJobName"] == JOB
     assert main(["replay", "--json", "--no-progress"]) == 0  # the only job of the last run

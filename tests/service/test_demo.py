@@ -5,6 +5,7 @@ stalls are sized from the step times the machine gives, so load cannot flip them
 """
 
 import json
+import re
 
 import pytest
 from trainguard.local.demo import run_demo
@@ -29,3 +30,6 @@ def test_demo_alerts_and_stops_the_faulty_job_and_passes_the_clean_twin(capsys, 
         assert status["TrainingJobName"] == job and status["Finished"], job
     assert (runs / "demo-slow-loader" / "report" / "profiler-report.html").stat().st_size > 10_000
     assert f"kept in {'runs'}/" in out and "next: trainguard status" in out
+    # the summary lists the jobs in the order they ran, not by name
+    titles = re.findall(r"^(demo-[a-z-]+) \(", out, flags=re.MULTILINE)
+    assert titles == ["demo-exploding", "demo-slow-loader", "demo-clean-twin"]

@@ -151,14 +151,16 @@ class LocalRun:
         """Where everything is."""
         from trainguard.cli import print_jobs
 
+        # the jobs in the order they ran (the bucket lists them by name)
+        order = {job: i for i, job in enumerate(self.session.jobs)}
+        kept = sorted(self.kept, key=lambda k: order.get(k.job, len(order)))
         print()
-        print_jobs([results.job_entry(k.state) for k in self.kept if k.state is not None])
-        if not self.kept:
+        print_jobs([results.job_entry(k.state) for k in kept if k.state is not None])
+        if not kept:
             print(f"\nnothing was written to s3://{self.session.bucket}/jobs/, so nothing was kept")
             return
         print(f"\nkept in {self.runs}/ (the local cloud is gone; these stay):")
-        order = {job: i for i, job in enumerate(self.session.jobs)}
-        for k in sorted(self.kept, key=lambda k: order.get(k.job, len(order))):
+        for k in kept:
             state = k.state
             events = sum(1 for e in self.cloud.events if e.get("detail", {}).get("TrainingJobName") == k.job)
             alerts = sum(1 for job, _ in self.progress.alerts if job == k.job)

@@ -102,6 +102,8 @@ class Progress:
         self._last_poll = 0.0
         self._stop = threading.Event()
         cloud.on_invoke.append(self._invoked)
+        if hasattr(cloud, "on_begin"):
+            cloud.on_begin.append(self._beginning)
         cloud.on_event.append(self._event)
         self._thread = threading.Thread(target=self._run, daemon=True, name="tg-progress")
         self._thread.start()
@@ -210,6 +212,17 @@ class Progress:
                 self.say(line)
 
     # ------------------------------------------------------------------ what the cloud does
+    def _beginning(self, fid: str, event: dict[str, Any]) -> None:
+        """Said before the function acts: the job may print that it was asked to stop at once."""
+        detail = event.get("detail") if isinstance(event, dict) else None
+        if fid != "stop_job" or not isinstance(detail, dict):
+            return
+        if detail.get("RuleEvaluationStatus") == "IssuesFound" and "StopTraining" in detail.get(
+            "Actions", []
+        ):
+            job, rule = detail.get("TrainingJobName"), detail.get("RuleConfigurationName")
+            self.say(f"■ stop_job: {rule} found issues in {job} and asks it to stop", always=True)
+
     def _invoked(self, fid: str, event: dict[str, Any], result: Any, seconds: float) -> None:
         with self._lock:
             if fid == "evaluate":
@@ -220,7 +233,7 @@ class Progress:
                     self._message_jobs[str(result["message_id"])] = job
             elif fid == "stop_job" and isinstance(result, dict) and result.get("stopped"):
                 actions = ", ".join(str(a) for a in result.get("actions", []))
-                self.say(f"■ stop_job: asked {result.get('job')} to stop: {actions}", always=True)
+                self.say(f"■ stop_job: stop signal for {result.get('job')}: {actions}", always=True)
             elif fid == "report" and isinstance(result, dict) and result.get("report"):
                 self.say(f"▤ report: wrote {result['report']}")
             elif fid.startswith("custom:"):

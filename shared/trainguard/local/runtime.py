@@ -187,6 +187,8 @@ class LocalCloud:
         self.events: list[dict[str, Any]] = []
         self.on_event: list[Callable[[dict[str, Any]], None]] = []
         self.on_invoke: list[Callable[[str, dict[str, Any], Any, float], None]] = []
+        #: called before a function runs (what it is about to do is said before its effects)
+        self.on_begin: list[Callable[[str, dict[str, Any]], None]] = []
         #: moto enforces each function's policy (off: every handler acts as the operator)
         self.enforce_iam = enforce_iam
         self.features = frozenset({SAGEMAKER_STOP} if sagemaker_stop else set())
@@ -444,6 +446,8 @@ class LocalCloud:
         )
         started = time.perf_counter()
         self.invocations[fid] = self.invocations.get(fid, 0) + 1
+        for begin in self.on_begin:
+            begin(fid, event)
         credentials = self.authority.credentials(fid) if self.authority is not None else None
         if spec is not None:
             with clients.acting_as(credentials), logs.running(fid):
