@@ -60,7 +60,11 @@ def test_replay_with_a_rules_file_in_sagemaker_format(tmp_path, capsys):
                 "DebugRuleConfigurations": [
                     {
                         "RuleConfigurationName": "LossNotDecreasing",
-                        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
+                        "RuleParameters": {
+                            "rule_to_invoke": "LossNotDecreasing",
+                            "num_steps": "10",
+                            "diff_percent": "0",
+                        },
                     },
                     {"RuleConfigurationName": "Nope", "RuleParameters": {"rule_to_invoke": "NotARule"}},
                 ]

@@ -90,10 +90,16 @@ def healthy_job(shape: str, seed: int = 0) -> list[StepData]:
             return floor * (1 + 1.5 * (1 + math.cos(math.pi * phase / 500)) / 2)
 
         return build(lambda t: cosine(t) * (1 + 0.05 * z[t]), n, val=lambda t: 1.1 * cosine(t), seed=seed)
-    if shape == "gan":  # adversarial losses: no trend, a slowly wandering balance
+    if shape == "gan":  # D and G losses (their mean): both ln 2 at first, G rises, then they wander
         wander = np.cumsum(_noise(seed + 1, n + 1, 0.01))
         wander = wander - np.convolve(wander, np.ones(200) / 200, mode="same")  # mean-reverting
-        return build(lambda t: (1.4 + 0.8 * math.tanh(wander[t] * 5)) * (1 + 0.15 * z[t]), n, seed=seed)
+
+        def gan(t: int) -> float:
+            d_loss = 0.69 - 0.3 * (1 - math.exp(-t / 80)) + 0.1 * math.tanh(wander[t] * 5)
+            g_loss = 0.69 + 1.6 * (1 - math.exp(-t / 80)) + 0.6 * math.tanh(-wander[t] * 5)
+            return (d_loss + g_loss) / 2
+
+        return build(lambda t: gan(t) * (1 + 0.15 * z[t]), n, seed=seed)
     if shape == "converged_plateau":  # at its floor by step 300; batches 0.08-0.13 ("0.1255 vs 0.0839")
         return build(
             lambda t: (2.0 * math.exp(-t / 60) + 0.1) * (1 + 0.2 * z[t]),

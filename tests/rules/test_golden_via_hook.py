@@ -43,7 +43,8 @@ def test_loss_not_decreasing_documented_example(hook_at, tmp_path):
     with hook_at("lnd", ["losses"]) as hook:
         for step, loss in zip([0, 4, 8, 12, 16], [0.30, 0.33, 0.31, 0.30, 0.28], strict=True):
             hook.save_scalar("loss", loss, step=step, collections=["losses"])
-    verdict = judge(tmp_path / "lnd", [rule("LossNotDecreasing", num_steps="10")])
+    # diff_percent given: SageMaker's block comparison (its documented default is 0)
+    verdict = judge(tmp_path / "lnd", [rule("LossNotDecreasing", num_steps="10", diff_percent="0")])
     assert verdict == {"LossNotDecreasing": ("IssuesFound", 12)}
 
 

@@ -23,7 +23,8 @@ DEMO_RULES = [
     },
     {
         "RuleConfigurationName": "LossNotDecreasing",
-        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"},
+        # 10-step blocks (one evaluation each): the demo's 120 steps hold the 4 blocks of a stall
+        "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", "num_steps": "10"},
         "Actions": ["Email", "SMS"],
     },
     {

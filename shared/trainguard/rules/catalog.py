@@ -27,6 +27,13 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
             "num_steps apart; at its 500-step save cadence they were 500+ steps apart, with a loss "
             "every step 10 steps is mini-batch noise. Given, it is training steps between checks.",
         ),
+        "diff_percent": (
+            "0.0",
+            "None = the noise-aware stall test (4 blocks within 4.5 x their robust noise, never fell "
+            "or stopped at once); SageMaker's 0 fired on converged models' fluctuation and missed a "
+            "learning rate cut 1e6-fold. Given, it is SageMaker's block comparison.",
+        ),
+        "horizon": (NOT_SAGEMAKER, "Blocks of a plateau after its first (4 blocks: 200 training steps)."),
         "increase_threshold_percent": (
             "5 (later documentation only)",
             "Off unless given: it belongs to the later documentation, whose diff_percent (0.1) and "

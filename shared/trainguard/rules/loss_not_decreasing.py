@@ -1,4 +1,4 @@
-"""LossNotDecreasing: the loss has not gone down over ``num_steps`` training steps."""
+"""LossNotDecreasing: the loss stalled (never fell, or stopped at once), judged on its noise."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from trainguard.rules._common import (
     loss_inputs,
     loss_value,
 )
+from trainguard.rules._trend import FALL_Z, MAX_HORIZON, BlockTrend, Verdict, judge
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+from trainguard.rules.noise import RobustNoise
 
 #: trainguard's ``num_steps`` when none is given (SageMaker's is 10, see the rule's docstring)
 DEFAULT_NUM_STEPS = 50
@@ -31,10 +33,14 @@ class LossNotDecreasingConfig(RuleConfig):
     use_losses_collection: bool = True
     #: training steps between checks (None: ``DEFAULT_NUM_STEPS``)
     num_steps: PositiveInt | None = None
-    diff_percent: NonNegative = 0.0
+    #: given: SageMaker's test (each block lower than the previous by this percent); None:
+    #: the noise-aware stall test
+    diff_percent: NonNegative | None = None
     #: the later SageMaker documentation's parameter; None (the default) disables the check
     increase_threshold_percent: NonNegative | None = None
     mode: Mode | None = None
+    #: blocks after the first of a plateau: a stall is ``horizon + 1`` blocks within noise
+    horizon: int = Field(default=3, ge=1, le=MAX_HORIZON)
 
     @property
     def window(self) -> int:
@@ -62,6 +68,9 @@ class Track(BaseModel):
     #: lowest block mean so far (``increase_threshold_percent``)
     best: float | None = None
     checks: int = 0
+    #: the noise-aware test: the loss's noise and its recent block means
+    noise: RobustNoise = Field(default_factory=lambda: RobustNoise(size=32))
+    trend: BlockTrend = Field(default_factory=BlockTrend)
 
 
 class LossNotDecreasingState(RuleState):
@@ -70,51 +79,72 @@ class LossNotDecreasingState(RuleState):
     #: comparisons made, and losses received
     checks: int = 0
     losses_seen: int = 0
+    #: some mode's block mean fell below its first loss beyond noise: the model learned
+    learned: bool = False
 
 
 class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
-    """Fires when the loss of a block of ``num_steps`` training steps is not lower than the
-    previous block's, by at least ``diff_percent`` % of it.
+    """Fires when the loss has stalled: flat within its own noise for ``horizon + 1`` blocks
+    of ``num_steps`` training steps, having never fallen, or having stopped falling at once.
 
     Reads the loss of one mode (scalars in the ``losses`` collection unless
     ``use_losses_collection`` is False, plus scalars/tensors chosen by ``collection_names`` or
     ``tensor_regex``; averaged over workers).
 
+    Test (``diff_percent`` not given). Each block's mean loss is kept with its size; the
+    loss's noise is its robust per-loss noise (``trainguard.rules.noise``), so a block of n
+    losses has noise ``sigma / sqrt(n)``. A plateau is ``horizon + 1`` (4) block means within
+    4.5 x that noise. A plateau is a stall when the loss never moved (every block so far
+    within 6 x the noise and the first loss not 4 x its noise above) or when its decline
+    stopped at once: the two falls before the plateau, extrapolated as the geometric decline
+    they show, predicted a further fall the plateau lacks by 4 x the noise (``_trend``). A
+    converged loss (its falls faded block by block, as its own ratio predicted) is not a
+    stall: that is ``LossConverged``, off the alert path unless configured. A loss that moves
+    (falls, rises, wanders like an adversarial loss) is not a plateau; a rise by orders of
+    magnitude is ``LossDivergence``'s. A character-level GRU's EVAL loss at 0.708 vs 0.703 a
+    block earlier is a converged plateau; a learning rate cut 1e6-fold mid-decline is a stop.
+    With 50-step blocks a stall is named 150-250 training steps after it began.
+
+    ``diff_percent`` given (SageMaker's test, its meaning kept): a block's mean not lower than
+    the previous block's by ``diff_percent`` % fires; an exactly flat loss (equal means,
+    1e-9 relative) is "not lower", also at 0. A NaN in a block fires in either test.
+
     Schedule (SageMaker's): the first saved loss starts it; the first loss at a training step
     ``t >= last_check + num_steps`` is a check. SageMaker compares the loss at the check with
-    the newest loss saved ``num_steps`` earlier; trainguard compares the *mean* of the losses
-    saved since the previous check (the block) with the previous block's mean. With one loss
-    per block (losses saved less often than ``num_steps``, as at SageMaker's 500-step cadence)
-    this is SageMaker's comparison; with a loss every step it averages mini-batch noise out
-    instead of comparing two noisy points (issue 10: the point comparison and the 5% increase
-    branch alarmed on 60 of 100 healthy runs). A loss that is exactly flat (equal block means,
-    1e-9 relative) is "not lower" and fires, also at ``diff_percent`` 0. A NaN in a block fires.
+    the newest loss saved ``num_steps`` earlier; trainguard compares block means (with one loss
+    per block, as at SageMaker's 500-step cadence, this is SageMaker's comparison).
 
     Units. Windows are training steps (see ``TrainingClock``), in every mode: an evaluation's
     EVAL losses all belong to the training step it followed, so EVAL blocks compare
-    evaluations ``num_steps`` training steps apart. SageMaker counted each mode's own saved
-    steps: ``num_steps`` 10 at its 500-step save cadence meant comparing saves 500 or more
-    steps apart; 10 EVAL steps of one evaluation loop never compared two evaluations.
-    trainguard's default ``num_steps`` is 50 training steps; an explicit value is training
-    steps between checks, as SageMaker documents ("the minimum number of steps after which
-    the rule checks").
+    evaluations ``num_steps`` training steps apart. trainguard's default ``num_steps`` is 50
+    training steps; an explicit value is training steps between checks, as SageMaker documents.
 
     ``mode`` None (SageMaker: EVAL if available, else TRAIN, else GLOBAL): each mode is
     tracked; a mode's verdicts count until a higher-priority mode has made its first
-    comparison, then the lower modes are dropped. So a job whose EVAL losses never span two
-    blocks is still judged on TRAIN (a rule that followed 16 EVAL steps and compared nothing
-    while TRAIN losses were NaN passed on main).
+    comparison, then the lower modes are dropped.
 
-    ``increase_threshold_percent`` (only in a later version of SageMaker's documentation, with
-    other defaults): when given, a check also fires when the block mean exceeds the lowest
-    block mean so far by more than that percent. By default it is off, as in the version whose
-    ``mode`` and ``diff_percent`` defaults trainguard keeps.
+    ``increase_threshold_percent`` (only in a later version of SageMaker's documentation):
+    when given, a check also fires when the block mean exceeds the lowest block mean so far by
+    more than that percent. Off by default.
+
+    False-alarm budget: a plateau of pure noise spreads beyond 4.5 noises in about 1 % of
+    windows, and a stall needs the whole history within 6 noises, so a healthy job that fell
+    is never "stalled"; a job that starts at its floor (fine-tuning a converged model) is.
     """
 
     name = "LossNotDecreasing"
     Config = LossNotDecreasingConfig
     State = LossNotDecreasingState
-    summary = "The loss has not decreased over num_steps training steps."
+    summary = "The loss stalled: flat within its own noise, having never fallen or stopped at once."
+    method = (
+        "4 block means (num_steps=50 training steps each) within 4.5 x their robust noise, and "
+        "the loss never moved (6 x) or its decline stopped against its own geometric trend; "
+        "diff_percent given: SageMaker's block comparison"
+    )
+    false_alarm_budget = (
+        "about 1 per 100 healthy jobs: converged, wandering or rising losses are not stalls; a job "
+        "that starts at its floor is"
+    )
     advice = (
         "Check the learning rate (too high or too low), the optimizer and the data pipeline "
         "(shuffled, labels aligned); stop the job if the loss has plateaued."
@@ -170,6 +200,9 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             state.losses_seen += 1
             if track is None:
                 track = state.tracks[mode] = Track()
+            track.noise.add(value)
+            if track.trend.first is None and math.isfinite(value):
+                track.trend.first = value
             findings += self._observe(state, track, mode, t, value, step.step)
         self._drop_lower_modes(state)
         return state, findings[:1]
@@ -201,6 +234,7 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
     def _close(self, state: LossNotDecreasingState, track: Track, mode: Mode) -> list[Finding]:
         cfg = self.config
         mean = track.block_sum / track.block_n if track.block_n else math.nan
+        track_n = track.block_n
         span = (track.block_first or 0, track.block_last or 0)
         at, base, base_span, best = track.block_global, track.base, track.base_span, track.best
         track.last_check, track.closing = track.closing, None
@@ -208,18 +242,39 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
         track.base, track.base_span = mean, span
         if mean == mean and (track.best is None or mean < track.best):
             track.best = mean
+        if cfg.diff_percent is None:
+            track.trend.add(mean, max(track_n, 1), cfg.horizon)
         if base is None or base_span is None:
             return []  # the first block: nothing to compare with yet
         track.checks += 1
         state.checks += 1
         if not self._chosen(state, mode):
             return []
-        margin = max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL)
         what = f"{mode} loss over training steps {span[0]}-{span[1]}"
         # the block's last training step is what the loop printed at the step it fired for
         clock_mode: Mode = "TRAIN" if state.clock.trained else "GLOBAL"
         before = f"{fmt(base)} over steps {base_span[0]}-{base_span[1]}"
-        if not mean < base - margin:  # NaN compares False: a NaN block fires
+        if cfg.diff_percent is None:
+            if not math.isfinite(mean):
+                return [
+                    self.finding(
+                        at,
+                        f"{self.name}: mean {what} is {fmt(mean)}.",
+                        tensor=f"{mode} loss",
+                        value=mean,
+                        threshold=base,
+                    )
+                ]
+            sigma = track.noise.sigma()
+            first = track.trend.first
+            if sigma is not None and first is not None and first - mean >= FALL_Z * sigma:
+                state.learned = True
+            verdict = judge(track.trend, sigma, cfg.horizon, learned=state.learned)
+            found = self._trend_finding(verdict, mode, what, mean, at, span)
+            if found:
+                return found
+        elif not mean < base - max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL):
+            # NaN compares False: a NaN block fires
             return [
                 self.finding(
                     at,
@@ -247,6 +302,27 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
                 )
             ]
         return []
+
+    def _trend_finding(
+        self, verdict: Verdict, mode: Mode, what: str, mean: float, at: int, span: tuple[int, int]
+    ) -> list[Finding]:
+        """A stall (never fell, or stopped at once) is this rule's finding."""
+        cfg = self.config
+        blocks = f"{cfg.horizon + 1} blocks of num_steps={cfg.window} training steps"
+        flat = (
+            f"{self.name}: mean {what} is {fmt(mean)}; the last {blocks} lie within "
+            f"{fmt(verdict.spread)} of each other, within the noise of a block mean ({fmt(verdict.noise)})"
+        )
+        if verdict.kind == "stalled":
+            text = f"{flat}, and the loss has not moved since its first value: it is not learning."
+        elif verdict.kind == "stopped":
+            text = (
+                f"{flat}; its decline stopped at once: the falls before predicted a further "
+                f"{fmt(verdict.predicted)}, it fell {fmt(verdict.observed)}."
+            )
+        else:
+            return []
+        return [self.finding(at, text, tensor=f"{mode} loss", value=mean, threshold=verdict.noise)]
 
     def _chosen(self, state: LossNotDecreasingState, mode: Mode) -> bool:
         """A mode's verdict counts while no higher-priority mode has compared anything."""
