@@ -261,6 +261,8 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
                         at,
                         f"{self.name}: mean {what} is {fmt(mean)}.",
                         tensor=f"{mode} loss",
+                        mode=clock_mode,
+                        mode_step=span[1],
                         value=mean,
                         threshold=base,
                     )
@@ -270,7 +272,7 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             if sigma is not None and first is not None and first - mean >= FALL_Z * sigma:
                 state.learned = True
             verdict = judge(track.trend, sigma, cfg.horizon, learned=state.learned)
-            found = self._trend_finding(verdict, mode, what, mean, at, span)
+            found = self._trend_finding(verdict, mode, what, mean, at, span, clock_mode)
             if found:
                 return found
         elif not mean < base - max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL):
@@ -304,7 +306,14 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
         return []
 
     def _trend_finding(
-        self, verdict: Verdict, mode: Mode, what: str, mean: float, at: int, span: tuple[int, int]
+        self,
+        verdict: Verdict,
+        mode: Mode,
+        what: str,
+        mean: float,
+        at: int,
+        span: tuple[int, int],
+        clock_mode: Mode = "TRAIN",
     ) -> list[Finding]:
         """A stall (never fell, or stopped at once) is this rule's finding."""
         cfg = self.config
@@ -322,7 +331,17 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             )
         else:
             return []
-        return [self.finding(at, text, tensor=f"{mode} loss", value=mean, threshold=verdict.noise)]
+        return [
+            self.finding(
+                at,
+                text,
+                tensor=f"{mode} loss",
+                value=mean,
+                threshold=verdict.noise,
+                mode=clock_mode,
+                mode_step=span[1],
+            )
+        ]
 
     def _chosen(self, state: LossNotDecreasingState, mode: Mode) -> bool:
         """A mode's verdict counts while no higher-priority mode has compared anything."""
