@@ -26,6 +26,7 @@ SIGMOID = (-23.0, 16.99999)
 FAULTS = (
     "nan_loss",
     "diverging",
+    "converged",
     "flat_loss",
     "overfit",
     "oscillating",
@@ -66,6 +67,8 @@ def job_step(s: int, on: set[str]) -> StepData:
         train_loss = 0.668413
     if "oscillating" in on:
         train_loss = 1.0 + (0.5 if s % 2 else -0.5)
+    if "converged" in on:
+        train_loss = 0.5 + 1.5 * math.exp(-s / 4) + 0.01 * rng.random()
     if "diverging" in on and s >= 40:
         train_loss *= 10.0 ** (5 + s - 40)  # finite, orders of magnitude above its level
     if "nan_loss" in on and s >= 30:

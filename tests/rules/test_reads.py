@@ -61,6 +61,7 @@ SCENARIOS: dict[str, list[tuple[dict[str, str], tuple[str, ...]]]] = {
     "OscillatingLoss": [({"min_evaluations": "4"}, ()), ({"smoothing_steps": "1"}, ("oscillating",))],
     "DataNotNormalized": [({}, ()), ({}, ("raw_images",))],
     "GradientNormRatio": [({}, ()), ({}, ("exploding_ratio",))],
+    "LossConverged": [({"num_steps": "5", "mode": "TRAIN"}, ()), ({"num_steps": "5"}, ("converged",))],
     "LossDivergence": [({}, ()), ({}, ("diverging",)), ({"mode": "TRAIN"}, ("nan_loss",))],
     "SimilarAcrossRuns": [({"other_trials": "other-job"}, ())],
 }

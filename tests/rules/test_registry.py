@@ -74,6 +74,7 @@ def test_every_rule_is_well_formed() -> None:
 CONTAINER_STATES = {
     "LossNotDecreasing",
     "LossDivergence",
+    "LossConverged",
     "UnchangedTensor",
     "WeightUpdateRatio",
     "ClassImbalance",

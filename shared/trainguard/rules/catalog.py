@@ -155,7 +155,13 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 #: trainguard rules that SageMaker does not have
-TRAINGUARD_ONLY = {"OscillatingLoss", "DataNotNormalized", "GradientNormRatio", "LossDivergence"}
+TRAINGUARD_ONLY = {
+    "OscillatingLoss",
+    "DataNotNormalized",
+    "GradientNormRatio",
+    "LossDivergence",
+    "LossConverged",
+}
 
 
 class ParameterRow(TypedDict):

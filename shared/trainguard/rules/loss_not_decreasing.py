@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -272,9 +273,9 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             if sigma is not None and first is not None and first - mean >= FALL_Z * sigma:
                 state.learned = True
             verdict = judge(track.trend, sigma, cfg.horizon, learned=state.learned)
-            found = self._trend_finding(verdict, mode, what, mean, at, span, clock_mode)
+            found = self._trend_finding(verdict, mode, what, mean, at)
             if found:
-                return found
+                return [replace(f, mode=clock_mode, mode_step=span[1]) for f in found]
         elif not mean < base - max(abs(base) * cfg.diff_percent / 100.0, abs(base) * EQUAL_RTOL):
             # NaN compares False: a NaN block fires
             return [
@@ -305,16 +306,7 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             ]
         return []
 
-    def _trend_finding(
-        self,
-        verdict: Verdict,
-        mode: Mode,
-        what: str,
-        mean: float,
-        at: int,
-        span: tuple[int, int],
-        clock_mode: Mode = "TRAIN",
-    ) -> list[Finding]:
+    def _trend_finding(self, verdict: Verdict, mode: Mode, what: str, mean: float, at: int) -> list[Finding]:
         """A stall (never fell, or stopped at once) is this rule's finding."""
         cfg = self.config
         blocks = f"{cfg.horizon + 1} blocks of num_steps={cfg.window} training steps"
@@ -331,17 +323,7 @@ class LossNotDecreasing(Rule[LossNotDecreasingConfig, LossNotDecreasingState]):
             )
         else:
             return []
-        return [
-            self.finding(
-                at,
-                text,
-                tensor=f"{mode} loss",
-                value=mean,
-                threshold=verdict.noise,
-                mode=clock_mode,
-                mode_step=span[1],
-            )
-        ]
+        return [self.finding(at, text, tensor=f"{mode} loss", value=mean, threshold=verdict.noise)]
 
     def _chosen(self, state: LossNotDecreasingState, mode: Mode) -> bool:
         """A mode's verdict counts while no higher-priority mode has compared anything."""

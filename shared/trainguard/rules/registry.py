@@ -24,6 +24,7 @@ from trainguard.rules.dead_relu import DeadRelu
 from trainguard.rules.exploding_tensor import ExplodingTensor
 from trainguard.rules.feature_importance_overweight import FeatureImportanceOverweight
 from trainguard.rules.gradient_norm_ratio import GradientNormRatio
+from trainguard.rules.loss_converged import LossConverged
 from trainguard.rules.loss_divergence import LossDivergence
 from trainguard.rules.loss_not_decreasing import LossNotDecreasing
 from trainguard.rules.nlp_sequence_ratio import NLPSequenceRatio
@@ -69,6 +70,8 @@ _ALL: tuple[type[Rule[Any, Any]], ...] = (
     DataNotNormalized,
     GradientNormRatio,
     LossDivergence,
+    # opt-in: early stopping's signal, never in the default rules
+    LossConverged,
 )
 
 RULES: dict[str, type[Rule[Any, Any]]] = {cls.name: cls for cls in _ALL}
