@@ -86,7 +86,7 @@ def test_overfit_fires_when_eval_loss_exceeds_train_loss_by_the_ratio(hook_at, t
             if step % 10 == 9:
                 val = 1.0 / (1 + step) * (1.05 if step < 25 else 1.5)
                 hook.save_scalar("loss", val, step=step, collections=["losses"], mode=modes.EVAL)
-    status, step = judge(tmp_path / "fit", [rule("Overfit", patience="1")])["Overfit"]
+    status, step = judge(tmp_path / "fit", [rule("Overfit", patience="1", ratio_threshold="0.1")])["Overfit"]
     assert status == "IssuesFound" and step is not None and step >= 29
 
 

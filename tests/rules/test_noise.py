@@ -80,3 +80,15 @@ def test_effect_sizes_are_scale_free() -> None:
     large = effect_size(100.0, diff_sigma(list(series * 1000)), 1000.0)
     assert small == pytest.approx(large)
     assert block_noise(0.1, 100) == pytest.approx(0.01) and block_noise(0.1, 0) == 0.1
+
+
+def test_second_differences_ignore_a_bend() -> None:
+    rng = np.random.default_rng(4)
+    t = np.arange(16)
+    bend = 1.5 * np.exp(-t / 3) + rng.normal(0, 0.003, t.size)  # 16 evaluations of a fast fall
+    assert diff_sigma(list(bend)) > 0.02  # the bend reads as noise to first differences
+    est = RobustNoise(size=16, order=2)
+    for v in bend:
+        est.add(float(v))
+    sigma = est.sigma()
+    assert sigma is not None and sigma < 0.012

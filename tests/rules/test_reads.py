@@ -37,7 +37,7 @@ SCENARIOS: dict[str, list[tuple[dict[str, str], tuple[str, ...]]]] = {
         ({"mode": "TRAIN", "diff_percent": "0"}, ("flat_loss",)),
         ({"use_losses_collection": "False", "tensor_regex": "loss", "diff_percent": "0"}, ("flat_loss",)),
     ],
-    "Overfit": [({}, ()), ({}, ("overfit",))],
+    "Overfit": [({}, ()), ({"ratio_threshold": "0.1"}, ("overfit",))],
     "Overtraining": [({"patience_train": "1000"}, ()), ({}, ("flat_loss",))],
     "DeadRelu": [({}, ()), ({}, ("dead_relu",))],
     "SaturatedActivation": [({}, ()), ({}, ("saturated",))],

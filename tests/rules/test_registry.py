@@ -75,6 +75,7 @@ CONTAINER_STATES = {
     "LossNotDecreasing",
     "LossDivergence",
     "LossConverged",
+    "Overfit",
     "UnchangedTensor",
     "WeightUpdateRatio",
     "ClassImbalance",

@@ -60,6 +60,16 @@ def diff_sigma(values: Sequence[float]) -> float:
     return mad_sigma(diffs) / math.sqrt(2.0)
 
 
+def diff2_sigma(values: Sequence[float]) -> float:
+    """Like ``diff_sigma`` on second differences: also blind to a changing slope (a curve's
+    bend), for short series of evaluations whose trend curves within the window. For
+    independent noise of standard deviation s, a second difference has 6 s^2 variance."""
+    if len(values) < 4:
+        return math.nan
+    d2 = [c - 2 * b + a for a, b, c in zip(values, values[1:], values[2:], strict=False)]
+    return mad_sigma(d2) / math.sqrt(6.0)
+
+
 def effect_size(effect: float, noise: float, level: float = 0.0) -> float:
     """``effect / noise``, with the noise floored at ``RELATIVE_FLOOR`` of the level.
 
@@ -84,6 +94,8 @@ class RobustNoise(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     size: int = Field(default=64, ge=MIN_VALUES, le=MAX_WINDOW)
+    #: 1: first differences (a steady slope removed); 2: second differences (a bend removed too)
+    order: int = Field(default=1, ge=1, le=2)
     values: list[float] = Field(default_factory=list, max_length=MAX_WINDOW)
     seen: int = 0
 
@@ -108,4 +120,5 @@ class RobustNoise(BaseModel):
         if not self.ready:
             return None
         level = median(self.values)
-        return max(diff_sigma(self.values), abs(level) * RELATIVE_FLOOR)
+        noise = diff_sigma(self.values) if self.order == 1 else diff2_sigma(self.values)
+        return max(noise, abs(level) * RELATIVE_FLOOR)

@@ -1,4 +1,4 @@
-"""Overfit: the validation loss is well above the training loss for ``patience`` evaluations."""
+"""Overfit: the validation loss turned up while the training loss kept falling (noise-aware)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,16 @@ from trainguard.rules._common import (
     loss_value,
 )
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+from trainguard.rules.noise import RobustNoise
 
 #: trainguard's ``patience`` (SageMaker's is 1): consecutive evaluations over the threshold
 DEFAULT_PATIENCE = 3
+#: SageMaker's ratio_threshold, used only when it is given
+SAGEMAKER_RATIO = 0.1
+#: a rise (of the validation loss, of the gap) is real at this many noises
+RISE_Z = 3.0
+#: and material at this share of the best validation loss (a noiseless curve's rounding is not)
+MATERIAL = 0.005
 
 
 class OverfitConfig(RuleConfig):
@@ -24,7 +31,8 @@ class OverfitConfig(RuleConfig):
     start_step: int = Field(default=0, ge=0)
     #: consecutive evaluations (None: ``DEFAULT_PATIENCE``)
     patience: PositiveInt | None = None
-    ratio_threshold: NonNegative = 0.1
+    #: given: SageMaker's test, (val - train) / train > ratio_threshold; None: the noise-aware test
+    ratio_threshold: NonNegative | None = None
 
     @property
     def evaluations(self) -> int:
@@ -47,35 +55,60 @@ class OverfitState(RuleState):
     #: losses received per mode
     train_seen: int = 0
     eval_seen: int = 0
+    #: the noise-aware test: the evaluations' validation losses and gaps, the best evaluation
+    val_noise: RobustNoise = Field(default_factory=lambda: RobustNoise(size=16, order=2))
+    gap_noise: RobustNoise = Field(default_factory=lambda: RobustNoise(size=16, order=2))
+    best_val: float | None = None
+    best_gap: float = 0.0
+    best_train: float = 0.0
 
 
 class Overfit(Rule[OverfitConfig, OverfitState]):
-    """Fires when ``(mean val loss - mean train loss) / mean train loss > ratio_threshold``
-    for ``patience`` consecutive evaluations.
+    """Fires when, for ``patience`` consecutive evaluations, the validation loss is above its
+    best by more than its noise, the validation-minus-training gap is above the gap at that
+    best by more than the gap's noise, and the training loss is below its value then: the
+    model keeps fitting its training data while it gets worse on held-out data.
+
+    Test (``ratio_threshold`` not given). Per evaluation: its mean EVAL loss ``val`` and the
+    mean TRAIN loss of the training phase before it ``train``. The noises are the robust noises
+    (``trainguard.rules.noise``, of second differences: an evaluation curve bends within 16
+    evaluations) of the last 16 evaluations' ``val`` and ``val - train``; a rise
+    counts at 3 x its noise and at least 0.5 % of the best ``val`` (so a noiseless curve's
+    rounding is not a rise). Judged from the 8th evaluation on (the noises need 8). A stable
+    gap is not overfitting, however large against a near-zero training loss (0.144 vs 0.065); a
+    schedule restart raises the training loss too and is not overfitting.
+
+    ``ratio_threshold`` given (SageMaker's test, its meaning kept): fires when
+    ``(mean val loss - mean train loss) / |mean train loss| > ratio_threshold`` for
+    ``patience`` consecutive evaluations.
 
     Reads TRAIN and EVAL losses (the ``losses`` collection, or scalars matching
     ``tensor_regex`` when given), from training step ``start_step`` on (SageMaker counted
     saved steps; trainguard counts training steps, see ``TrainingClock``).
 
-    ``patience``: SageMaker's default is 1, one evaluation over the threshold. One validation
-    pass is a noisy sample (a few batches, a mini-batch training mean), and one evaluation
-    over 10% fired on 98 of 100 healthy runs (issue 10). trainguard's default is 3
-    consecutive evaluations; an explicit ``patience`` keeps SageMaker's meaning.
-
-    Choices where the documentation left room:
+    ``patience``: SageMaker's default is 1; trainguard's is 3 consecutive evaluations (one
+    validation pass is a noisy sample); an explicit ``patience`` keeps SageMaker's meaning.
 
     - An *evaluation* is a run of consecutive saved steps with an EVAL loss. It is judged when
       it ends (the next step with a TRAIN loss and no EVAL loss, or the end of the job), or at
-      once when a step holds both a TRAIN and an EVAL loss. Its mean EVAL loss is compared
-      with the mean TRAIN loss of the training phase just before it.
-    - The denominator is ``abs(mean train loss)``; an evaluation with a zero train loss, or
-      with no train loss yet, is skipped. The finding names the evaluation's last step.
+      once when a step holds both a TRAIN and an EVAL loss.
+    - An evaluation with no train loss yet (or, for the ratio, a zero one) is skipped.
+
+    False-alarm budget: under 1 per 100 healthy jobs: three evaluations in a row 3 noises
+    above the best, with the gap growing and the training loss lower, is rare without a real
+    turn of the validation loss.
     """
 
     name = "Overfit"
     Config = OverfitConfig
     State = OverfitState
-    summary = "Validation loss exceeds training loss by more than ratio_threshold: overfitting."
+    summary = "The validation loss turned up while the training loss kept falling: overfitting."
+    method = (
+        "patience=3 evaluations in a row: validation loss > its best + 3 x its robust noise, gap "
+        "(val - train) > the gap at that best + 3 x its noise, training loss below its value then; "
+        "ratio_threshold given: SageMaker's ratio"
+    )
+    false_alarm_budget = "under 1 per 100 healthy jobs: a stable gap, or a restart, never fires"
     advice = (
         "Add regularisation (weight decay, dropout, augmentation), get more data, use a smaller "
         "model, or stop earlier (keep the best checkpoint by validation loss)."
@@ -139,7 +172,12 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
         train_mean = state.last_train_mean
         at = state.eval_last_step if state.eval_last_step is not None else 0
         state.train_sum, state.train_n, state.eval_sum, state.eval_n = 0.0, 0, 0.0, 0
-        if train_mean is None or train_mean == 0:
+        if train_mean is None:
+            return []
+
+        if cfg.ratio_threshold is None:
+            return self._judge_trend(state, val_mean, train_mean, at)
+        if train_mean == 0:
             return []
         state.evaluations += 1
         ratio = (val_mean - train_mean) / abs(train_mean)
@@ -157,3 +195,40 @@ class Overfit(Rule[OverfitConfig, OverfitState]):
                 )
             ]
         return []
+
+    def _judge_trend(self, state: OverfitState, val: float, train: float, at: int) -> list[Finding]:
+        cfg = self.config
+        state.evaluations += 1
+        gap = val - train
+        val_sigma, gap_sigma = state.val_noise.sigma(), state.gap_noise.sigma()
+        state.val_noise.add(val)
+        state.gap_noise.add(gap)
+        if state.best_val is None or val < state.best_val:
+            state.best_val, state.best_gap, state.best_train = val, gap, train
+            state.over = 0
+            return []
+        if val_sigma is None or gap_sigma is None:
+            return []
+        floor = MATERIAL * abs(state.best_val)
+        val_rise, gap_rise = val - state.best_val, gap - state.best_gap
+        worse = (
+            val_rise > max(RISE_Z * val_sigma, floor)
+            and gap_rise > max(RISE_Z * gap_sigma, floor)
+            and train < state.best_train
+        )
+        state.over = state.over + 1 if worse else 0
+        if state.over < cfg.evaluations:
+            return []
+        return [
+            self.finding(
+                at,
+                f"{self.name}: mean EVAL loss {fmt(val)} is {fmt(val_rise)} above its best "
+                f"{fmt(state.best_val)} (noise {fmt(val_sigma)}) and the gap to the TRAIN loss "
+                f"{fmt(train)} grew by {fmt(gap_rise)} "
+                f"(noise {fmt(gap_sigma)}) while the TRAIN loss fell from {fmt(state.best_train)}, for "
+                f"{state.over} consecutive evaluations (patience={cfg.evaluations}).",
+                tensor="EVAL loss",
+                value=val,
+                threshold=state.best_val + max(RISE_Z * val_sigma, floor),
+            )
+        ]
