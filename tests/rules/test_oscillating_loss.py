@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from lossfixtures import HEALTHY, fault_job, healthy_job
 from rulejobs import LONG, M, config_error, header, long_run, losses, make, run, state_bytes
 from trainguard.rules.base import StepData
 
@@ -26,8 +27,10 @@ def test_mini_batch_zigzag_is_smoothed_away() -> None:
     # the loss alternates by 0.1 every step (mini-batch noise): block means are flat
     zigzag = square_wave(300, 2, 0.1)
     assert run(make("OscillatingLoss"), zigzag).fired_at is None
-    # judged on every step, as the rule was before smoothing, it fires
-    assert run(make("OscillatingLoss", smoothing_steps="1"), zigzag).fired_at is not None
+    # judged on every step with AUTOTRAINER's absolute swing, it fires; scale-free, the zigzag
+    # is the loss's own noise and makes no swing
+    assert run(make("OscillatingLoss", smoothing_steps="1", swing="0.03"), zigzag).fired_at is not None
+    assert run(make("OscillatingLoss", smoothing_steps="1"), zigzag).fired_at is None
 
 
 def test_noisy_healthy_decrease_never_fires() -> None:
@@ -81,4 +84,49 @@ def test_state_bounded() -> None:
     rule = make("OscillatingLoss", swing_percent="100", smoothing_steps="1")
     up, down = losses([(0, 1.0), (1, 0.0)])
     state, _ = long_run(rule, (StepData(s, (up if s % 2 else down).workers) for s in range(LONG)))
-    assert len(state.recent) == 50 and state_bytes(rule, state) < 500
+    # the recent swings and the 32 losses of the noise estimate
+    assert len(state.recent) == 50 and state_bytes(rule, state) < 1200
+
+
+def test_healthy_loss_shapes_do_not_fire() -> None:
+    for shape in HEALTHY:
+        for seed in range(3):
+            for mode in ("TRAIN", "EVAL"):
+                out = run(make("OscillatingLoss", mode=mode), healthy_job(shape, seed))
+                assert out.fired_at is None, (shape, seed, mode, out.findings)
+
+
+def test_a_bouncing_loss_is_caught_scale_free() -> None:
+    for seed in range(3):
+        job = fault_job("oscillating", seed)
+        out = run(make("OscillatingLoss"), job)
+        assert out.fired_at is not None and "swing_relative" in out.finding.message
+        assert out.state.clock.last is not None and out.state.clock.last < 300 + 300  # within 30 evaluations
+    # the same job with its loss x1000 fires at the same step: the swing is relative
+    scaled = [
+        s.__class__.from_headers(
+            [
+                h.model_copy(
+                    update={
+                        "modes": {
+                            m: r.model_copy(
+                                update={
+                                    "scalars": {
+                                        n: v.model_copy(update={"value": v.value * 1000})
+                                        for n, v in r.scalars.items()
+                                    }
+                                }
+                            )
+                            for m, r in h.modes.items()
+                        }
+                    }
+                )
+                for h in s.workers
+            ]
+        )
+        for s in fault_job("oscillating", 0)
+    ]
+    assert (
+        run(make("OscillatingLoss"), scaled).fired_at
+        == run(make("OscillatingLoss"), fault_job("oscillating", 0)).fired_at
+    )

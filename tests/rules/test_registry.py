@@ -76,6 +76,7 @@ CONTAINER_STATES = {
     "LossDivergence",
     "LossConverged",
     "Overfit",
+    "OscillatingLoss",
     "UnchangedTensor",
     "WeightUpdateRatio",
     "ClassImbalance",

@@ -63,6 +63,12 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
             "healthy runs.",
         ),
         "start_step": ("0", "Counts training steps, not saved or global steps."),
+        "ratio_threshold": (
+            "0.1",
+            "None = the noise-aware test (validation loss and gap each 3 x their noise above the best "
+            "evaluation, training loss lower); the relative ratio fired on healthy gaps at near-zero "
+            "training loss (0.144 vs 0.065). Given, it is SageMaker's ratio.",
+        ),
     },
     "AllZero": {
         "collection_names": (
