@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from rulejobs import SHORT, M, config_error, header, long_run, make, repeat, run, state_bytes, step_data
+import numpy as np
+from lossfixtures import fault_job, healthy_job
+from rulejobs import LONG, SHORT, M, config_error, header, long_run, make, repeat, run, state_bytes, step_data
 from trainguard.rules.base import StepData
 
 
@@ -24,10 +26,11 @@ def evaluations(vals: list[float], train_steps: int = 20, batches: int = 3) -> l
 
 def test_validation_plateau_fires_after_patience_validation_evaluations() -> None:
     vals = [1.0, 0.8, 0.7] + [0.699] * 10  # 0.1% better than the best: not 1%
-    out = run(make("Overtraining"), evaluations(vals))
+    relative = make("Overtraining", delta_percent="1")
+    out = run(relative, evaluations(vals))
     assert out.fired_at is not None and out.state.stale_validation == 10
     assert "patience_validation=10" in out.finding.message and "delta_percent=1%" in out.finding.message
-    assert run(make("Overtraining"), evaluations([1.0, 0.8, 0.7] + [0.699] * 9)).fired_at is None
+    assert run(relative, evaluations([1.0, 0.8, 0.7] + [0.699] * 9)).fired_at is None
 
 
 def test_evaluations_not_eval_batches_are_counted() -> None:
@@ -43,7 +46,10 @@ def test_steadily_improving_validation_never_fires() -> None:
 
 def test_sagemaker_delta_is_absolute_when_given() -> None:
     vals = [10.0 - 0.04 * i for i in range(15)]  # 0.4% better each evaluation: stale in percent
-    assert run(make("Overtraining", patience_validation="2"), evaluations(vals)).fired_at is not None
+    assert (
+        run(make("Overtraining", patience_validation="2", delta_percent="1"), evaluations(vals)).fired_at
+        is not None
+    )
     # absolute: 0.04 per evaluation beats delta 0.01; delta 0.1 needs 3 evaluations: stale twice
     lenient, strict = (
         make("Overtraining", delta="0.01", patience_validation="2"),
@@ -90,3 +96,30 @@ def test_state_bounded() -> None:
     rule = make("Overtraining", patience_train="1000000", patience_validation="1000000")
     state, fired = long_run(rule, repeat(step_data(0, train=1.0, eval=2.0), SHORT))
     assert fired is None and state_bytes(rule, state) < 600
+
+
+def test_noise_aware_improvement() -> None:
+    rng = np.random.default_rng(0)
+    # a noisy plateau (2% noise): one lucky evaluation is not a new best, and it fires
+    plateau = [0.5 * (1 + 0.02 * rng.normal()) for _ in range(40)]
+    out = run(make("Overtraining"), evaluations([1.0, 0.8, 0.6, *plateau]))
+    assert out.fired_at is not None and "by its noise" in out.finding.message
+    # a noisy decline that improves by more than its noise over 10 evaluations never fires
+    decline = [1.0 * 0.99**i * (1 + 0.01 * rng.normal()) for i in range(60)]
+    assert run(make("Overtraining"), evaluations(decline)).fired_at is None
+    # the fixtures: a validation loss still falling is improving; a converged one is overtraining
+    assert run(make("Overtraining"), healthy_job("slow_noisy", 0)).fired_at is None
+    assert run(make("Overtraining"), healthy_job("converged_plateau", 0)).fired_at is not None
+    assert run(make("Overtraining"), fault_job("overfit", 0)).fired_at is not None
+
+
+def test_noise_aware_state_is_bounded() -> None:
+    rule = make("Overtraining", patience_validation="1000000")
+    steps = (
+        StepData.from_headers(
+            [header(s, {"EVAL" if s % 10 == 9 else "TRAIN": M(s, {"loss": 1.0 + 0.01 * (s % 7)})})]
+        )
+        for s in range(LONG // 10)
+    )
+    state, fired = long_run(rule, steps)
+    assert fired is None and state_bytes(rule, state) < 1200

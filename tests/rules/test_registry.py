@@ -77,6 +77,7 @@ CONTAINER_STATES = {
     "LossConverged",
     "Overfit",
     "OscillatingLoss",
+    "Overtraining",
     "UnchangedTensor",
     "WeightUpdateRatio",
     "ClassImbalance",

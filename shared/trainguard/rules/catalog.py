@@ -54,7 +54,12 @@ DEPARTURES: dict[str, dict[str, tuple[str, str]]] = {
             "None = delta_percent (relative). SageMaker's delta is absolute, in loss units; given, "
             "it keeps that meaning.",
         ),
-        "delta_percent": (NOT_SAGEMAKER, "None = 1% of the best loss: an improvement relative to the loss."),
+        "delta_percent": (
+            NOT_SAGEMAKER,
+            "None (and delta None) = the validation loss judged against its own noise: the median "
+            "of 3 evaluations below the best by one robust noise; the TRAIN loss (patience_train) "
+            "on 1% of its best. Given, an improvement relative to the best loss.",
+        ),
     },
     "Overfit": {
         "patience": (

@@ -14,9 +14,15 @@ from trainguard.rules._common import (
     loss_value,
 )
 from trainguard.rules.base import Coverage, Finding, Rule, RuleConfig, RuleInput, RuleState, StepData, fmt
+from trainguard.rules.noise import RobustNoise, median
 
-#: trainguard's relative improvement when neither ``delta`` nor ``delta_percent`` is given
+#: the relative improvement of the TRAIN loss when neither ``delta`` nor ``delta_percent`` is
+#: given (the validation loss is judged against its noise then)
 DEFAULT_DELTA_PERCENT = 1.0
+#: validation: an improvement is this many noises of the smoothed loss (a median of 3
+#: evaluations has about 0.7 x one evaluation's noise)
+IMPROVE_Z = 1.0
+SMOOTH_EVALUATIONS = 3
 #: smoothing of the TRAIN loss (exponential moving average weight, debiased) when judged
 TRAIN_EMA = 0.9
 
@@ -59,6 +65,9 @@ class OvertrainingState(RuleState):
     best_validation: float | None = None
     stale_validation: int = 0
     evaluations: int = 0
+    #: neither delta given: the last evaluations (smoothed by their median) and their noise
+    recent_validation: list[float] = Field(default_factory=list, max_length=SMOOTH_EVALUATIONS)
+    validation_noise: RobustNoise = Field(default_factory=lambda: RobustNoise(size=16, order=2))
     #: training: debiased EMA of the TRAIN loss, its best, and the training step of that best
     ema: float = 0.0
     ema_weight: float = 0.0
@@ -73,15 +82,25 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
 
     Reads the ``losses`` collection in EVAL and TRAIN mode (mean over workers). An evaluation is
     a run of consecutive steps with an EVAL loss (one validation pass, however many batches):
-    its mean is one value. Improvement: ``loss < best - delta`` with SageMaker's absolute
-    ``delta`` when it is given, else ``loss < best * (1 - delta_percent/100)``; an improvement
-    sets a new best and resets the count; a non-finite loss never improves.
+    its mean is one value. Improvement of the validation loss, with neither ``delta`` nor
+    ``delta_percent`` given: the median of the last 3 evaluations falls below the best such
+    median by one noise of it (the evaluations' robust noise, ``trainguard.rules.noise``, over
+    sqrt(3)): one lucky evaluation is not a new best, and a decline smaller than its noise
+    over ``patience_validation`` evaluations is not an improvement. With SageMaker's absolute
+    ``delta`` given: ``loss < best - delta``; with ``delta_percent``: ``loss < best * (1 -
+    delta_percent/100)``. An improvement sets a new best and resets the count; a non-finite
+    loss never improves.
+
+    False-alarm budget: it fires on every job whose validation loss stops improving for 10
+    evaluations (early stopping's signal, which is its purpose); a validation loss still
+    falling by more than its noise over 10 evaluations does not fire.
 
     trainguard's defaults and why (issue 10, held-out clean runs):
 
     - ``delta``: SageMaker's 0.1 is absolute, in loss units: it means "improved by a lot" for a
-      loss near 0.1 and "any noise" for a loss near 10. trainguard judges a relative
-      improvement, ``delta_percent`` 1%, unless ``delta`` is given.
+      loss near 0.1 and "any noise" for a loss near 10. trainguard judges the validation loss
+      against its own noise unless ``delta`` or ``delta_percent`` is given (and the TRAIN loss,
+      when ``patience_train`` is given, on a 1 % relative improvement).
     - ``patience_train``: SageMaker's 5 counted saved steps; at its 500-step save cadence that
       was 2,500 training steps, with a loss every step it is 5 noisy mini-batches (it fired at
       step 5 on every clean run). trainguard judges the validation loss by default (early
@@ -95,6 +114,11 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
     Config = OvertrainingConfig
     State = OvertrainingState
     summary = "The validation (or training) loss stopped improving: the model is overtraining."
+    method = (
+        "patience_validation=10 evaluations without the median of 3 evaluations falling below its "
+        "best by one robust noise; delta or delta_percent given: that improvement"
+    )
+    false_alarm_budget = "fires on every job whose validation loss stops improving (early stopping's signal)"
     advice = (
         "Stop training (keep the best checkpoint), add early stopping, lower the learning rate "
         "or add regularisation if the validation loss is rising."
@@ -139,6 +163,8 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
         state.eval_sum, state.eval_n = 0.0, 0
         state.evaluations += 1
         best = state.best_validation
+        if cfg.delta is None and cfg.delta_percent is None:
+            return self._close_noise_aware(state, loss)
         if finite(loss) and (best is None or cfg.improved(loss, best)):
             state.best_validation, state.stale_validation = loss, 0
             return []
@@ -151,6 +177,38 @@ class Overtraining(Rule[OvertrainingConfig, OvertrainingState]):
                 f"{self.name}: validation (EVAL) loss {fmt(loss)} has not improved on the best "
                 f"{fmt(state.best_validation)} by {cfg.delta_text()} for {state.stale_validation} "
                 f"evaluations (patience_validation={cfg.patience_validation}).",
+                tensor="EVAL loss",
+                value=float(state.stale_validation),
+                threshold=float(cfg.patience_validation),
+            )
+        ]
+
+    def _close_noise_aware(self, state: OvertrainingState, loss: float) -> list[Finding]:
+        """An improvement: the median of the last 3 evaluations below the best such median by
+        one noise of it (the evaluations' robust noise over sqrt(3)); a lucky evaluation is
+        not a new best, and a fall smaller than the noise over ``patience_validation``
+        evaluations is not improving."""
+        cfg = self.config
+        if finite(loss):
+            sigma = state.validation_noise.sigma()
+            state.validation_noise.add(loss)
+            state.recent_validation = [*state.recent_validation, loss][-SMOOTH_EVALUATIONS:]
+            smoothed = median(state.recent_validation)
+            best = state.best_validation
+            margin = IMPROVE_Z * sigma / SMOOTH_EVALUATIONS**0.5 if sigma is not None else 0.0
+            if best is None or smoothed < best - margin:
+                state.best_validation, state.stale_validation = smoothed, 0
+                return []
+        state.stale_validation += 1
+        if state.stale_validation < cfg.patience_validation:
+            return []
+        return [
+            self.finding(
+                state.eval_at,
+                f"{self.name}: validation (EVAL) loss {fmt(loss)} (median of the last evaluations "
+                f"{fmt(median(state.recent_validation))}) has not improved on the best "
+                f"{fmt(state.best_validation)} by its noise for {state.stale_validation} evaluations "
+                f"(patience_validation={cfg.patience_validation}).",
                 tensor="EVAL loss",
                 value=float(state.stale_validation),
                 threshold=float(cfg.patience_validation),
