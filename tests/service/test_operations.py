@@ -17,6 +17,7 @@ from trainguard.format import documents as d
 from trainguard.format import layout
 from trainguard.format.convert import WindowRules, convert_objects
 from trainguard.local.synthetic import SyntheticJob
+from trainguard.rules.config import DEFAULT_RULES
 from trainguard.service.pipeline import JobPipeline
 from trainguard.service.settings import Settings, stale_job_days
 from trainguard.service.state_store import StateStore
@@ -49,7 +50,7 @@ def test_a_job_that_went_silent_ends_with_the_reason_in_each_rule(aws):
     assert "crashed" in active(aws)  # six days: not yet
     clock.now += 1.5 * DAY
     (result,) = service.tick()
-    assert result.error is None and result.transitions == 5
+    assert result.error is None and result.transitions == len(DEFAULT_RULES)
     state, _ = service.store.load_state("crashed")
     assert state.finished and "crashed" not in active(aws)
     assert "sent nothing for 7.5 days" in (state.end_reason or "")
