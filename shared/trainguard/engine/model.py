@@ -12,7 +12,14 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainguard.engine.events import Status
-from trainguard.format.documents import MAX_STRUCTURE_TENSORS, Manifest, Mode, SegmentHeader, StepHeader
+from trainguard.format.documents import (
+    MAX_STRUCTURE_CHARS,
+    MAX_STRUCTURE_TENSORS,
+    Manifest,
+    Mode,
+    SegmentHeader,
+    StepHeader,
+)
 from trainguard.format.layout import segment_key, step_key
 from trainguard.format.system import SystemBatch
 
@@ -67,7 +74,7 @@ class JobInfo(BaseModel):
             rules=manifest.rules,
             sagemaker_training_job_name=manifest.sagemaker_training_job_name,
             allow_sagemaker_stop=manifest.allow_sagemaker_stop,
-            structure=dict(manifest.structure.tensors) if manifest.structure is not None else {},
+            structure=_bounded({}, manifest),
         )
 
     def with_structure(self, manifest: Manifest) -> JobInfo | None:
@@ -76,14 +83,25 @@ class JobInfo(BaseModel):
         Entries are only added, first kind kept, so the order the rewrites are read in does
         not matter; the bound is the manifest's.
         """
-        if manifest.structure is None:
-            return None
-        merged = dict(self.structure)
-        for name, kind in manifest.structure.tensors.items():
-            if len(merged) >= MAX_STRUCTURE_TENSORS:
-                break
-            merged.setdefault(name, kind)
+        merged = _bounded(self.structure, manifest)
         return None if merged == self.structure else self.model_copy(update={"structure": merged})
+
+
+def _bounded(known: dict[str, str], manifest: Manifest) -> dict[str, str]:
+    """``known`` plus the manifest's new structure entries, within the manifest's bounds (a
+    hostile manifest must not outgrow the state item)."""
+    merged = dict(known)
+    if manifest.structure is None:
+        return merged
+    chars = sum(len(n) + len(k) for n, k in merged.items())
+    for name, kind in manifest.structure.tensors.items():
+        if name in merged:
+            continue
+        if len(merged) >= MAX_STRUCTURE_TENSORS or chars + len(name) + len(kind) > MAX_STRUCTURE_CHARS:
+            break
+        merged[name] = kind
+        chars += len(name) + len(kind)
+    return merged
 
 
 class JobState(BaseModel):

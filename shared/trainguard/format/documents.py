@@ -298,8 +298,10 @@ ATTENTION_KEY_BIAS_SLICE = "attention_key_bias_slice"
 FROZEN = "frozen"
 #: trainable, but the first backward the hook recorded gave it no gradient (unused)
 NO_GRADIENT = "no_gradient"
-#: entries a manifest's structure holds (the service keeps them in the job's state item)
+#: entries a manifest's structure holds, and characters of their names and kinds (the
+#: service keeps them in the job's state item, one DynamoDB item of 400 KB)
 MAX_STRUCTURE_TENSORS = 1024
+MAX_STRUCTURE_CHARS = 32 * 1024
 
 
 class ModelStructure(_Strict):

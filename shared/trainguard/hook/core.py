@@ -59,11 +59,14 @@ import numpy as np
 
 from trainguard.format import layout, stepfile
 from trainguard.format.documents import (
+    MAX_STRUCTURE_CHARS,
+    MAX_STRUCTURE_TENSORS,
     EndMarker,
     FrameworkInfo,
     Manifest,
     ManifestCollection,
     ManifestSaveConfig,
+    ModelStructure,
     StopSignal,
     TensorStats,
     dump_document,
@@ -337,6 +340,11 @@ class Hook(SmdebugMethods):
         self._closed = False
         self._report: HookReport | None = None
         self._manifest_sent = False
+        #: the model's structure (``set_structure``): parameter name -> kind, and how many
+        #: entries did not fit the manifest's bound
+        self._structure: dict[str, str] = {}
+        self._structure_chars = 0
+        self._structure_omitted = 0
         self._first_step_checked = False
         self._frameworks: dict[str, str | None] = {}
         self._producers: dict[str, set[str]] = {}
@@ -676,6 +684,28 @@ class Hook(SmdebugMethods):
         self._frameworks[name] = version
         self._producers.setdefault(name, set()).update(produces)
 
+    def set_structure(self, tensors: Mapping[str, str]) -> None:
+        """An integration's knowledge of the model's build (``ModelStructure``: parameter name
+        -> kind): written in the manifest. Entries are only added; when the manifest was
+        already written (what a backward teaches comes after the first step), it is written
+        again, and the service adds the new entries to the job's."""
+        with self._lock:
+            added = False
+            for name, kind in tensors.items():
+                if name in self._structure or not (isinstance(name, str) and 0 < len(name) <= 512):
+                    continue
+                size = len(name) + len(kind)
+                if len(self._structure) >= MAX_STRUCTURE_TENSORS or self._structure_chars + size > (
+                    MAX_STRUCTURE_CHARS
+                ):
+                    self._structure_omitted += 1
+                    continue
+                self._structure[name] = kind[:256]
+                self._structure_chars += size
+                added = True
+            if added and self._manifest_sent and not self._closed:
+                self._send_manifest()
+
     def set_tensor_order(self, names: Sequence[str]) -> None:
         """Tensors are written in this order (a model's parameters, then anything else)."""
         with self._lock:
@@ -994,6 +1024,11 @@ class Hook(SmdebugMethods):
             sagemaker_training_job_name=env.sagemaker_training_job_name(),
             allow_sagemaker_stop=self.sagemaker_stop,
             system_interval_s=self._monitor.interval_s if self._monitor is not None else None,
+            structure=(
+                ModelStructure(tensors=dict(self._structure), omitted=self._structure_omitted)
+                if self._structure or self._structure_omitted
+                else None
+            ),
         )
 
     # ------------------------------------------------------------------ stop signal

@@ -49,6 +49,7 @@ from typing import Any
 from trainguard.hook.config import CollectionKeys as K
 from trainguard.hook.core import Hook
 from trainguard.hook.steps import StepPlan
+from trainguard.hook.torch_structure import NormTrace, static_structure, unused
 
 _KIND_COLLECTIONS: dict[str, tuple[str, ...]] = {
     "relu": (K.RELU_OUTPUT, K.RELU_INPUT),
@@ -96,6 +97,12 @@ class TorchIntegration:
         self._grad_pending = False
         self._losses: list[Any] = []
         self._input_collections: dict[str, tuple[str, ...]] = {}
+        #: the model's structure (``torch_structure``): traced once, checked at one backward
+        self._names: dict[int, str] = {}
+        self._traced = False
+        self._trace: NormTrace | None = None
+        self._trace_handle: Any = None
+        self._unused_checked = False
         hook.add_framework("pytorch", str(torch.__version__))
 
     # ------------------------------------------------------------------ registration
@@ -115,6 +122,8 @@ class TorchIntegration:
             self._params.append(_Param(smd, f"gradient/{smd}", param, name))
             order.append(smd)
         self.hook.set_tensor_order(order + [p.grad_name for p in self._params])
+        self._names = {id(p.param): p.name for p in self._params}
+        self._structure(lambda: static_structure(self.torch, module, self._names))
         produced = {K.WEIGHTS, K.BIASES, K.GRADIENTS, K.INPUTS, K.OUTPUTS, K.DEFAULT, K.ALL}
         for qual, sub in module.named_modules():
             if sub is module:
@@ -147,6 +156,12 @@ class TorchIntegration:
 
     def remove(self) -> None:
         self._remove_dynamic()
+        if self._trace is not None:
+            self._trace.remove()
+            self._trace = None
+        if self._trace_handle is not None:
+            self._trace_handle.remove()
+            self._trace_handle = None
         handles, self._permanent = self._permanent, []
         for handle in handles:
             handle.remove()
@@ -210,6 +225,8 @@ class TorchIntegration:
         else:
             self._seen_forward = True
             hook.check_stop()
+        if not self._traced and self.torch.is_grad_enabled() and module.training:
+            self._start_trace()
         plan = hook.plan()
         if plan is not self._plan:
             self._plan = plan
@@ -230,6 +247,43 @@ class TorchIntegration:
         ]
         hook.record_tensors((n, v, self._top_cols(n, K.INPUTS)) for n, v in inputs)
         self._install(due)
+
+    # ------------------------------------------------------------------ structure
+    def _structure(self, find: Callable[[], dict[str, str]]) -> None:
+        """Hand what ``find`` learns to the hook; a failure loses the structure, never the hook."""
+        try:
+            found = find()
+        except Exception as exc:  # an odd model: the rules judge every tensor, as without it
+            self.hook.warn_once(
+                "structure", "cannot read the model's structure (%s); every tensor is judged", exc
+            )
+            return
+        if found:
+            self.hook.set_structure(found)
+
+    def _start_trace(self) -> None:
+        """Trace this forward (the first with gradients, in training mode) for norm-fed biases."""
+        self._traced = True
+        trace = NormTrace(self.torch, self.top, self._names)
+        if not trace.worthwhile:
+            return
+        trace.install()
+        self._trace = trace
+        self._trace_handle = self.top.register_forward_hook(self._end_trace)
+
+    def _end_trace(self, module: Any, args: Any, output: Any) -> None:
+        trace, self._trace = self._trace, None
+        handle, self._trace_handle = self._trace_handle, None
+        if handle is not None:
+            handle.remove()
+        if trace is not None:
+            self._structure(lambda: trace.finish(output))
+
+    def _check_unused(self, params: Sequence[tuple[str, Any]]) -> None:
+        """At the first recorded backward: trainable parameters that got no gradient."""
+        if not self._unused_checked:
+            self._unused_checked = True
+            self._structure(lambda: unused(params))
 
     def _top_cols(self, name: str, base: str) -> tuple[str, ...]:
         cols = self._input_collections.get(name)
@@ -288,6 +342,7 @@ class TorchIntegration:
 
     def _after_backward(self) -> None:
         self._grad_pending = False
+        self._check_unused([(p.name, p.param) for p in self._params])
         self.hook.record_tensors(
             (p.grad_name, p.param.grad, p.grad_collections) for p in self._params if p.param.grad is not None
         )
@@ -298,6 +353,8 @@ class TorchIntegration:
             return
 
         def on_grads(grads: Sequence[Any]) -> None:
+            # a multi-gradient hook sees None for a parameter the backward did not reach
+            self._check_unused([(p.name, p.param) for p, g in zip(params, grads, strict=True) if g is None])
             self.hook.record_tensors(
                 (p.grad_name, g, p.grad_collections)
                 for p, g in zip(params, grads, strict=True)
